@@ -1,0 +1,1 @@
+//! `backoff`: to be written.

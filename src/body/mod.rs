@@ -1,0 +1,1 @@
+//! Replayable request bodies: to be written.

@@ -1,0 +1,5 @@
+//! Outcome classification: to be written.
+
+mod code;
+
+pub use code::{Code, GrpcCodes, UnknownCode};

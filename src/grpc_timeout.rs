@@ -1,0 +1,1 @@
+//! `grpc_timeout`: to be written.

@@ -1,0 +1,1 @@
+//! `pushback`: to be written.

@@ -1,0 +1,1 @@
+//! `throttle`: to be written.
