@@ -12,8 +12,23 @@
 
 pub mod backoff;
 pub mod body;
+mod call;
 pub mod classify;
 pub mod config;
+pub mod error;
 pub mod grpc_timeout;
+pub mod metadata;
+pub mod policy;
 pub mod pushback;
+pub mod retry;
+pub mod stats;
 pub mod throttle;
+
+pub use body::BufferLimits;
+pub use policy::{HedgePolicy, MethodPolicy, Policies, RetryPolicy};
+pub use retry::{Retry, RetryLayer};
+pub use throttle::Throttle;
+
+/// The boxed error the layers return: the inner service's error, unchanged inside the box,
+/// or one of the layers' own [`error`]s.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

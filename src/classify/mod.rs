@@ -1,5 +1,194 @@
-//! Outcome classification: to be written.
+//! Turning one attempt's result into an [`Outcome`].
+//!
+//! A retry or hedge layer sends an attempt, gets back `Result<Response, Error>`, and must
+//! decide: return it, try again, or give up. That decision is a [`Classify`]. It sees the
+//! response's status and headers, or the error itself (not a string: callers can downcast
+//! it and tell a refused connection from a reset), and answers with an [`Outcome`]:
+//!
+//! | outcome | retry layer | hedge layer | throttle |
+//! |---|---|---|---|
+//! | [`Outcome::Success`] | return it | return it, cancel the others | credit |
+//! | [`Outcome::Retryable`] | retry per policy | send the next hedge now | debit |
+//! | [`Outcome::Fatal`] | return it | return it, cancel the others | — |
+//! | [`Outcome::NotSent`] | retry until the deadline | retry until the deadline | — |
+//! | [`Outcome::Refused`] | retry once, at once | retry once, at once | — |
+//!
+//! Built-in classifiers:
+//!
+//! - [`GrpcCodes`]: a set of retryable (or, for hedging, non-fatal) gRPC status codes, read
+//!   from the `grpc-status` header of a Trailers-Only response; `grpc-retry-pushback-ms` is
+//!   read as pushback. A response with ordinary headers (a body follows) is a success for
+//!   classification: the call is committed.
+//! - [`HttpStatuses`]: retryable HTTP statuses (502, 503, 504, and 429 when it carries
+//!   `Retry-After`), with `Retry-After` as pushback.
+//! - Any closure `Fn(AttemptResult<'_>) -> Outcome`.
+//!
+//! Errors are first checked by [`transport_outcome`]: an error that proves the request never
+//! left the client is [`Outcome::NotSent`], an HTTP/2 `REFUSED_STREAM` or a `GOAWAY` that did
+//! not process the stream is [`Outcome::Refused`]. Both are retried transparently, even for a
+//! method whose policy would not retry, since the server's application never saw them.
+//!
+//! # Examples
+//!
+//! The default gRPC classifier: `UNAVAILABLE` is retryable, everything else is final.
+//!
+//! ```
+//! use http::{HeaderMap, HeaderValue, StatusCode};
+//! use tower_retry_hedge::classify::{AttemptResult, Classify, Code, GrpcCodes, Outcome};
+//! use tower_retry_hedge::pushback::Pushback;
+//!
+//! let codes = GrpcCodes::from([Code::Unavailable]);
+//! let mut headers = HeaderMap::new();
+//! headers.insert("grpc-status", HeaderValue::from_static("14"));
+//! headers.insert("grpc-retry-pushback-ms", HeaderValue::from_static("250"));
+//! let outcome = codes.classify(AttemptResult::Response { status: StatusCode::OK, headers: &headers });
+//! assert_eq!(
+//!     outcome,
+//!     Outcome::Retryable(Some(Pushback::After(std::time::Duration::from_millis(250))))
+//! );
+//! ```
+//!
+//! A custom classifier from a closure: retry HTTP 500 as well, but only on `GET`-style
+//! routes where the policy allows it.
+//!
+//! ```
+//! use tower_retry_hedge::classify::{AttemptResult, Classify, HttpStatuses, Outcome};
+//!
+//! let statuses = HttpStatuses::default().with(http::StatusCode::INTERNAL_SERVER_ERROR);
+//! let custom = move |result: AttemptResult<'_>| match result {
+//!     AttemptResult::Error(_) => Outcome::Fatal(None),
+//!     other => statuses.classify(other),
+//! };
+//! let headers = http::HeaderMap::new();
+//! let outcome = custom.classify(AttemptResult::Response {
+//!     status: http::StatusCode::INTERNAL_SERVER_ERROR,
+//!     headers: &headers,
+//! });
+//! assert_eq!(outcome, Outcome::Retryable(None));
+//! ```
 
 mod code;
+mod errors;
+mod grpc;
+mod http;
 
-pub use code::{Code, GrpcCodes, UnknownCode};
+use std::error::Error;
+use std::fmt;
+
+pub use self::code::{Code, GrpcCodes, UnknownCode};
+pub use self::errors::{is_not_sent, is_refused, transport_outcome};
+pub use self::grpc::grpc_status;
+pub use self::http::HttpStatuses;
+use crate::pushback::Pushback;
+
+/// What one attempt produced, as a classifier sees it.
+#[derive(Clone, Copy)]
+pub enum AttemptResult<'a> {
+    /// The service answered with a response.
+    Response {
+        /// The response's HTTP status.
+        status: ::http::StatusCode,
+        /// The response's headers (for a gRPC Trailers-Only response, these hold
+        /// `grpc-status`).
+        headers: &'a ::http::HeaderMap,
+    },
+    /// The service failed; the error is passed as it is so that it can be downcast.
+    Error(&'a (dyn Error + Send + Sync + 'static)),
+}
+
+impl fmt::Debug for AttemptResult<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AttemptResult::Response { status, .. } => {
+                f.debug_struct("Response").field("status", status).finish()
+            }
+            AttemptResult::Error(error) => f.debug_tuple("Error").field(&error.to_string()).finish(),
+        }
+    }
+}
+
+/// The class of one attempt's result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// A good answer, or a response that commits the call (headers with a body to follow).
+    Success,
+    /// A failure the policy may retry (a retryable or non-fatal code), with the server's
+    /// pushback if it sent one.
+    Retryable(Option<Pushback>),
+    /// A failure that must be returned as it is. A pushback "stop" carried by it still counts
+    /// against the throttle, as A6 says.
+    Fatal(Option<Pushback>),
+    /// The request never left the client (for example, the connection could not be made).
+    NotSent,
+    /// The request reached the server but not its application (HTTP/2 `REFUSED_STREAM`, or a
+    /// `GOAWAY` that did not process the stream).
+    Refused,
+}
+
+impl Outcome {
+    /// The pushback the server sent, if any.
+    pub fn pushback(&self) -> Option<Pushback> {
+        match *self {
+            Outcome::Retryable(pushback) | Outcome::Fatal(pushback) => pushback,
+            _ => None,
+        }
+    }
+
+    /// A short lower-case name for logs and tracing fields.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Outcome::Success => "success",
+            Outcome::Retryable(_) => "retryable",
+            Outcome::Fatal(_) => "fatal",
+            Outcome::NotSent => "not sent",
+            Outcome::Refused => "refused",
+        }
+    }
+}
+
+/// Classifies the result of one attempt.
+///
+/// Implemented by [`GrpcCodes`], [`HttpStatuses`] and by closures
+/// `Fn(AttemptResult<'_>) -> Outcome`. The trait is object safe: policies hold an
+/// `Arc<dyn Classify>`.
+pub trait Classify: Send + Sync + 'static {
+    /// Classifies one attempt.
+    fn classify(&self, result: AttemptResult<'_>) -> Outcome;
+}
+
+impl<F> Classify for F
+where
+    F: Fn(AttemptResult<'_>) -> Outcome + Send + Sync + 'static,
+{
+    fn classify(&self, result: AttemptResult<'_>) -> Outcome {
+        self(result)
+    }
+}
+
+impl Classify for std::sync::Arc<dyn Classify> {
+    fn classify(&self, result: AttemptResult<'_>) -> Outcome {
+        (**self).classify(result)
+    }
+}
+
+impl Classify for Box<dyn Classify> {
+    fn classify(&self, result: AttemptResult<'_>) -> Outcome {
+        (**self).classify(result)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classify_is_object_safe() {
+        let boxed: Box<dyn Classify> = Box::new(GrpcCodes::from([Code::Unavailable]));
+        let headers = ::http::HeaderMap::new();
+        let outcome = boxed.classify(AttemptResult::Response {
+            status: ::http::StatusCode::OK,
+            headers: &headers,
+        });
+        assert_eq!(outcome, Outcome::Success);
+    }
+}

@@ -1,0 +1,164 @@
+//! Request body types the layers know how to send more than once.
+
+use bytes::Bytes;
+use http_body_util::{Empty, Full};
+
+use super::{BoxError, BufferLimits, ReplayBody};
+
+/// A request body type that the retry and hedge layers can send more than once.
+///
+/// [`prepare`](Replay::prepare) turns the call's body into [`Copies`], from which each attempt
+/// takes its own body. A body that cannot be replayed (its size hint is already over the
+/// buffer limits) is given back untouched and sent once.
+///
+/// Implemented for:
+/// - bodies that are cheap to clone: [`Full<Bytes>`](http_body_util::Full),
+///   [`Empty<Bytes>`](http_body_util::Empty) (copies are clones; nothing is buffered);
+/// - streaming bodies, through a [`ReplayBody`]: boxed bodies
+///   ([`BoxBody`](http_body_util::combinators::BoxBody) and
+///   [`UnsyncBoxBody`](http_body_util::combinators::UnsyncBoxBody) with a [`BoxError`]),
+///   `tonic::body::Body` (with the `tonic` feature), and [`ReplayBody`] itself, for any other
+///   body type wrapped by the caller.
+pub trait Replay: http_body::Body + Sized {
+    /// What a call keeps to make a body for each attempt.
+    type Copies: Copies<Self>;
+
+    /// Prepares the body for several attempts, or gives it back untouched if it cannot be
+    /// replayed within `limits`.
+    fn prepare(self, limits: &BufferLimits) -> Result<Self::Copies, Self>;
+}
+
+/// Makes a body for each attempt of one call.
+pub trait Copies<B> {
+    /// The body of the first attempt, and the id of its reader. Always available: a call
+    /// cannot be committed before its first attempt starts.
+    fn first(&self) -> (B, u64);
+
+    /// A body for the next attempt, and the id of the reader behind it; `None` once the call
+    /// is committed (the body outgrew the buffer), when no new attempt may start.
+    fn copy(&self) -> Option<(B, u64)>;
+
+    /// Whether the call is committed: no new attempt may start.
+    fn is_committed(&self) -> bool;
+
+    /// After commit, the reader id of the attempt that goes on.
+    fn committed_reader(&self) -> Option<u64>;
+}
+
+/// [`Copies`] of a body that is cheap to clone: every attempt gets a clone.
+#[derive(Debug, Clone)]
+pub struct Clones<B>(B);
+
+impl<B: Clone> Copies<B> for Clones<B> {
+    fn first(&self) -> (B, u64) {
+        (self.0.clone(), 0)
+    }
+
+    fn copy(&self) -> Option<(B, u64)> {
+        Some((self.0.clone(), 0))
+    }
+
+    fn is_committed(&self) -> bool {
+        false
+    }
+
+    fn committed_reader(&self) -> Option<u64> {
+        None
+    }
+}
+
+impl Replay for Full<Bytes> {
+    type Copies = Clones<Full<Bytes>>;
+
+    fn prepare(self, _: &BufferLimits) -> Result<Self::Copies, Self> {
+        Ok(Clones(self))
+    }
+}
+
+impl Replay for Empty<Bytes> {
+    type Copies = Clones<Empty<Bytes>>;
+
+    fn prepare(self, _: &BufferLimits) -> Result<Self::Copies, Self> {
+        Ok(Clones(self))
+    }
+}
+
+/// [`Copies`] through a [`ReplayBody`]: the first attempt streams and records; later (or
+/// parallel) attempts replay the record. `wrap` turns a reader back into the body type the
+/// inner service takes.
+pub struct Recorded<B, T> {
+    template: ReplayBody<B>,
+    wrap: fn(ReplayBody<B>) -> T,
+}
+
+impl<B, T> std::fmt::Debug for Recorded<B, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Recorded").finish_non_exhaustive()
+    }
+}
+
+impl<B, T> Copies<T> for Recorded<B, T>
+where
+    B: http_body::Body,
+    B::Data: bytes::Buf,
+    B::Error: Into<BoxError>,
+{
+    fn first(&self) -> (T, u64) {
+        let reader = self.template.clone();
+        let id = reader.reader_id();
+        ((self.wrap)(reader), id)
+    }
+
+    fn copy(&self) -> Option<(T, u64)> {
+        if self.template.is_committed() {
+            return None;
+        }
+        Some(self.first())
+    }
+
+    fn is_committed(&self) -> bool {
+        self.template.is_committed()
+    }
+
+    fn committed_reader(&self) -> Option<u64> {
+        self.template.committed_reader()
+    }
+}
+
+macro_rules! recorded_via_replay_body {
+    ($($(#[$meta:meta])* $body:ty => $wrap:expr;)+) => {$(
+        $(#[$meta])*
+        impl Replay for $body {
+            type Copies = Recorded<$body, $body>;
+
+            fn prepare(self, limits: &BufferLimits) -> Result<Self::Copies, Self> {
+                let template = ReplayBody::try_new(self, limits)?;
+                Ok(Recorded { template, wrap: $wrap })
+            }
+        }
+    )+};
+}
+
+recorded_via_replay_body! {
+    http_body_util::combinators::BoxBody<Bytes, BoxError> => http_body_util::combinators::BoxBody::new;
+    http_body_util::combinators::UnsyncBoxBody<Bytes, BoxError> => http_body_util::combinators::UnsyncBoxBody::new;
+    #[cfg(feature = "tonic")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
+    tonic::body::Body => tonic::body::Body::new;
+}
+
+impl<B> Replay for ReplayBody<B>
+where
+    B: http_body::Body + Unpin,
+    B::Data: bytes::Buf,
+    B::Error: Into<BoxError>,
+{
+    type Copies = Recorded<B, ReplayBody<B>>;
+
+    fn prepare(self, _: &BufferLimits) -> Result<Self::Copies, Self> {
+        Ok(Recorded {
+            template: self,
+            wrap: std::convert::identity,
+        })
+    }
+}

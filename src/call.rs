@@ -1,0 +1,150 @@
+//! What one call keeps to make its attempts: shared by the retry and hedge engines.
+
+use std::time::Duration;
+
+use http::header::CONTENT_TYPE;
+use http::request::Parts;
+use http::{HeaderValue, Request};
+use tokio::time::Instant;
+
+use crate::body::{BufferLimits, Copies, Replay};
+use crate::grpc_timeout;
+use crate::metadata::{AttemptInfo, GRPC_PREVIOUS_RPC_ATTEMPTS};
+
+/// Whether a request is a gRPC call: its content type is `application/grpc` or
+/// `application/grpc+<codec>`.
+pub(crate) fn is_grpc<B>(request: &Request<B>) -> bool {
+    request
+        .headers()
+        .get(CONTENT_TYPE)
+        .is_some_and(|v| {
+            let v = v.as_bytes();
+            v.starts_with(b"application/grpc")
+                && matches!(v.get(16), None | Some(b'+') | Some(b';'))
+        })
+}
+
+enum Body<B: Replay> {
+    /// Copies for every attempt.
+    Copies(B::Copies),
+    /// The body could not be replayed and went with the first attempt.
+    Spent,
+}
+
+/// The parts of the request, its body copies and its deadline.
+pub(crate) struct Call<B: Replay> {
+    parts: Parts,
+    body: Body<B>,
+    pub(crate) deadline: Option<Instant>,
+    pub(crate) grpc: bool,
+    /// Attempts sent so far, of every kind.
+    pub(crate) sent: u32,
+}
+
+impl<B: Replay> Call<B> {
+    /// Takes a request apart and builds its first attempt. The deadline is the request's
+    /// `grpc-timeout` for gRPC calls, else the policy's timeout, else none.
+    pub(crate) fn start(
+        request: Request<B>,
+        limits: &BufferLimits,
+        timeout: Option<Duration>,
+        hedge: bool,
+    ) -> (Self, Request<B>, u64) {
+        let grpc = is_grpc(&request);
+        let (parts, body) = request.into_parts();
+        let timeout = grpc
+            .then(|| grpc_timeout::from_headers(&parts.headers))
+            .flatten()
+            .or(timeout);
+        // A timeout too large to add to now is no deadline at all.
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+        let (body, first, reader) = match body.prepare(limits) {
+            Ok(copies) => {
+                let (first, reader) = copies.first();
+                (Body::Copies(copies), first, reader)
+            }
+            Err(body) => (Body::Spent, body, 0),
+        };
+        let mut call = Call {
+            parts,
+            body,
+            deadline,
+            grpc,
+            sent: 0,
+        };
+        let first = call.attempt(first, hedge);
+        (call, first, reader)
+    }
+
+    /// The request path, for statistics and tracing.
+    pub(crate) fn path(&self) -> &str {
+        self.parts.uri.path()
+    }
+
+    pub(crate) fn method(&self) -> &http::Method {
+        &self.parts.method
+    }
+
+    /// Whether another attempt may start: the body can still be replayed.
+    pub(crate) fn can_replay(&self) -> bool {
+        match &self.body {
+            Body::Copies(copies) => !copies.is_committed(),
+            Body::Spent => false,
+        }
+    }
+
+    /// Whether the body could be replayed at all (false: the call is sent once).
+    pub(crate) fn is_replayable(&self) -> bool {
+        matches!(self.body, Body::Copies(_))
+    }
+
+    /// After commit, the reader id of the attempt that goes on.
+    pub(crate) fn committed_reader(&self) -> Option<u64> {
+        match &self.body {
+            Body::Copies(copies) => copies.committed_reader(),
+            _ => None,
+        }
+    }
+
+    /// Time left before the deadline, if there is one.
+    pub(crate) fn remaining(&self, now: Instant) -> Option<Duration> {
+        self.deadline.map(|d| d.saturating_duration_since(now))
+    }
+
+    /// The request for the next attempt and the id of its body's reader, or `None` when no
+    /// new attempt may start (the body outgrew the buffer, or could only be sent once).
+    pub(crate) fn next_request(&mut self, hedge: bool) -> Option<(Request<B>, u64)> {
+        let (body, reader) = match &self.body {
+            Body::Copies(copies) => copies.copy()?,
+            Body::Spent => return None,
+        };
+        Some((self.attempt(body, hedge), reader))
+    }
+
+    /// An attempt's request: the call's parts, with A6's metadata.
+    fn attempt(&mut self, body: B, hedge: bool) -> Request<B> {
+        let mut parts = self.parts.clone();
+        if self.grpc {
+            if self.sent > 0 {
+                parts
+                    .headers
+                    .insert(GRPC_PREVIOUS_RPC_ATTEMPTS, HeaderValue::from(self.sent));
+            }
+            if let Some(remaining) = self.remaining(Instant::now()) {
+                parts
+                    .headers
+                    .insert(grpc_timeout::GRPC_TIMEOUT, grpc_timeout::encode(remaining));
+            }
+        }
+        self.sent += 1;
+        // The first attempt of a retried call carries no extension: inserting one allocates,
+        // and the success path should not pay for what only later attempts need.
+        if hedge || self.sent > 1 {
+            parts.extensions.insert(AttemptInfo {
+                number: self.sent,
+                hedge,
+            });
+        }
+        Request::from_parts(parts, body)
+    }
+}

@@ -1,0 +1,38 @@
+//! Errors the layers make themselves. Errors of the inner service pass through unchanged
+//! (boxed as [`BoxError`](crate::BoxError), so they can be downcast).
+
+use std::fmt;
+
+/// The call's deadline passed before an attempt succeeded.
+///
+/// For gRPC requests with the `tonic` feature, the layers return a
+/// `tonic::Status::deadline_exceeded` instead, which tonic's client reports as it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DeadlineExceeded(());
+
+impl DeadlineExceeded {
+    pub(crate) fn new() -> DeadlineExceeded {
+        DeadlineExceeded(())
+    }
+}
+
+impl fmt::Display for DeadlineExceeded {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("call deadline exceeded")
+    }
+}
+
+impl std::error::Error for DeadlineExceeded {}
+
+/// The error for a call whose deadline passed: a gRPC `DEADLINE_EXCEEDED` status for gRPC
+/// requests when tonic is available, else [`DeadlineExceeded`].
+pub(crate) fn deadline_exceeded(grpc: bool) -> crate::BoxError {
+    #[cfg(feature = "tonic")]
+    if grpc {
+        return Box::new(tonic::Status::deadline_exceeded(
+            "deadline exceeded across retry attempts",
+        ));
+    }
+    let _ = grpc;
+    Box::new(DeadlineExceeded::new())
+}

@@ -1,0 +1,67 @@
+//! Attempt metadata: what the layers tell the server, the client and the balancer.
+//!
+//! - Requests: every attempt after the first carries `grpc-previous-rpc-attempts: N` (gRPC
+//!   requests), and gRPC attempts carry the call's *remaining* time in `grpc-timeout`.
+//!   Each attempt also carries an [`AttemptInfo`] extension.
+//! - Responses: an [`Attempts`] extension on every response from a call with a policy; gRPC
+//!   responses from a call that took more than one attempt also carry
+//!   `grpc-previous-rpc-attempts` in their headers, which tonic exposes as response metadata.
+//!
+//! ```
+//! use tower_retry_hedge::metadata::Attempts;
+//!
+//! let mut response = http::Response::new(());
+//! response.extensions_mut().insert(Attempts::new(3, 1));
+//! let attempts = response.extensions().get::<Attempts>().unwrap();
+//! assert_eq!(attempts.sent(), 3);
+//! assert_eq!(attempts.transparent(), 1);
+//! assert_eq!(attempts.counted(), 2);
+//! ```
+
+/// The header that tells a server how many attempts preceded this one (gRFC A6).
+pub const GRPC_PREVIOUS_RPC_ATTEMPTS: &str = "grpc-previous-rpc-attempts";
+
+/// How many attempts a call made: a response extension.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Attempts {
+    sent: u32,
+    transparent: u32,
+}
+
+impl Attempts {
+    /// `sent` attempts in all, of which `transparent` were transparent retries.
+    pub fn new(sent: u32, transparent: u32) -> Attempts {
+        Attempts {
+            sent,
+            transparent: transparent.min(sent),
+        }
+    }
+
+    /// Every attempt sent, including the first and transparent retries.
+    pub fn sent(&self) -> u32 {
+        self.sent
+    }
+
+    /// Transparent retries among them (never sent, or refused before processing).
+    pub fn transparent(&self) -> u32 {
+        self.transparent
+    }
+
+    /// Attempts that count toward `maxAttempts`.
+    pub fn counted(&self) -> u32 {
+        self.sent - self.transparent
+    }
+}
+
+/// What one attempt is: a request extension on every attempt the layers send.
+///
+/// A load balancer under the layers can read it, for example to send a hedge to a backend
+/// that the call has not tried yet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttemptInfo {
+    /// The attempt's number, 1 for the first.
+    pub number: u32,
+    /// Whether it was sent as a hedge (in parallel with earlier attempts) rather than after
+    /// the previous attempt failed.
+    pub hedge: bool,
+}

@@ -1,0 +1,695 @@
+//! Retry and hedging policies, and the table that picks one for each request.
+//!
+//! A [`RetryPolicy`] says how often and how patiently a method is retried; a [`HedgePolicy`]
+//! says how many copies of a request may be in flight and how far apart they start. A
+//! [`Policies`] table maps requests to them:
+//!
+//! - gRPC methods by the request path `/package.Service/Method`: the exact method first,
+//!   then the whole service, as gRPC service config does;
+//! - HTTP routes by method and path prefix, in the order they were added;
+//! - then a default, if one is set.
+//!
+//! A request that matches nothing passes through the layers untouched.
+//!
+//! The table also holds what every call through a layer shares: the retry throttle (one per
+//! layer, one shared by several layers, or one per authority), the replay-buffer limits, the
+//! client's cap on `maxAttempts` (5 by default, as in gRPC) and the statistics.
+//!
+//! # Examples
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower_retry_hedge::backoff::Exponential;
+//! use tower_retry_hedge::classify::{Code, GrpcCodes, HttpStatuses};
+//! use tower_retry_hedge::policy::{HedgePolicy, Policies, RetryPolicy, Route};
+//! use tower_retry_hedge::throttle::Throttle;
+//!
+//! let retry = RetryPolicy::builder()
+//!     .max_attempts(4)
+//!     .backoff(Exponential::grpc(Duration::from_millis(100), Duration::from_secs(1), 2.0)?)
+//!     .retryable(GrpcCodes::from([Code::Unavailable]))
+//!     .build()?;
+//! let hedge = HedgePolicy::builder()
+//!     .max_attempts(3)
+//!     .delay(Duration::from_millis(50))
+//!     .non_fatal(GrpcCodes::from([Code::Unavailable]))
+//!     .build()?;
+//! let http = RetryPolicy::builder().retryable(HttpStatuses::default()).build()?;
+//!
+//! let policies = Policies::builder()
+//!     .method("helloworld.Greeter/SayHello", retry)
+//!     .service("helloworld.Lookup", hedge)
+//!     .route(Route::prefix("/api/"), http)
+//!     .throttle(Throttle::new(10, 0.1)?)
+//!     .build();
+//! assert!(policies.lookup(&http::Method::POST, "/helloworld.Greeter/SayHello").is_some());
+//! assert!(policies.lookup(&http::Method::GET, "/api/users").is_some());
+//! assert!(policies.lookup(&http::Method::GET, "/other").is_none());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{Method, Request};
+
+use crate::backoff::{Backoff, Exponential};
+use crate::body::BufferLimits;
+use crate::classify::{Classify, Code, GrpcCodes};
+use crate::stats::Stats;
+use crate::throttle::{RetryThrottle, ThrottleRegistry};
+
+/// The client-side cap on `maxAttempts` that gRPC applies by default.
+pub const DEFAULT_MAX_ATTEMPTS_CAP: u32 = 5;
+
+/// Never-sent attempts retried transparently when the call has no deadline. With a deadline
+/// they are retried until it passes, as A6 says; without one, something must end the loop.
+pub const DEFAULT_MAX_TRANSPARENT_RETRIES: u32 = 10;
+
+/// An error building a policy: names the field and the rule it broke.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PolicyError {
+    field: &'static str,
+    rule: &'static str,
+}
+
+impl PolicyError {
+    fn new(field: &'static str, rule: &'static str) -> PolicyError {
+        PolicyError { field, rule }
+    }
+
+    /// The field that was wrong, such as `max_attempts`.
+    pub fn field(&self) -> &'static str {
+        self.field
+    }
+}
+
+impl fmt::Display for PolicyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.field, self.rule)
+    }
+}
+
+impl std::error::Error for PolicyError {}
+
+fn default_backoff() -> Arc<dyn Backoff> {
+    // A6's own example: 0.1 s, x2, capped at 1 s, with today's gRPC jitter.
+    match Exponential::grpc(Duration::from_millis(100), Duration::from_secs(1), 2.0) {
+        Ok(backoff) => Arc::new(backoff),
+        Err(_) => unreachable!("the default backoff parameters are valid"),
+    }
+}
+
+/// How a method is retried: gRFC A6's `retryPolicy`, and a few things beyond it.
+#[derive(Clone)]
+pub struct RetryPolicy {
+    pub(crate) max_attempts: u32,
+    pub(crate) backoff: Arc<dyn Backoff>,
+    pub(crate) classifier: Arc<dyn Classify>,
+    pub(crate) timeout: Option<Duration>,
+    pub(crate) retry_non_idempotent: bool,
+    pub(crate) max_transparent_retries: u32,
+}
+
+impl fmt::Debug for RetryPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RetryPolicy")
+            .field("max_attempts", &self.max_attempts)
+            .field("backoff", &self.backoff)
+            .field("timeout", &self.timeout)
+            .field("retry_non_idempotent", &self.retry_non_idempotent)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RetryPolicy {
+    /// A builder with A6's example values: 4 attempts... see [`RetryPolicyBuilder`].
+    pub fn builder() -> RetryPolicyBuilder {
+        RetryPolicyBuilder {
+            max_attempts: 3,
+            backoff: None,
+            classifier: None,
+            timeout: None,
+            retry_non_idempotent: false,
+            max_transparent_retries: DEFAULT_MAX_TRANSPARENT_RETRIES,
+        }
+    }
+
+    /// The attempts allowed, including the first, before the client cap is applied.
+    pub fn max_attempts(&self) -> u32 {
+        self.max_attempts
+    }
+
+    /// The call timeout used when a request carries no `grpc-timeout`.
+    pub fn timeout(&self) -> Option<Duration> {
+        self.timeout
+    }
+
+    /// The backoff schedule.
+    pub fn backoff(&self) -> &dyn Backoff {
+        &*self.backoff
+    }
+
+    /// The classifier of attempt outcomes.
+    pub fn classifier(&self) -> &dyn Classify {
+        &*self.classifier
+    }
+}
+
+/// Builds a [`RetryPolicy`].
+///
+/// Defaults: 3 attempts; backoff [`Exponential::grpc`]`(100 ms, 1 s, 2.0)`; `UNAVAILABLE`
+/// retryable; no timeout; non-idempotent HTTP methods not retried; at most
+/// [`DEFAULT_MAX_TRANSPARENT_RETRIES`] never-sent retries when the call has no deadline.
+pub struct RetryPolicyBuilder {
+    max_attempts: u32,
+    backoff: Option<Arc<dyn Backoff>>,
+    classifier: Option<Arc<dyn Classify>>,
+    timeout: Option<Duration>,
+    retry_non_idempotent: bool,
+    max_transparent_retries: u32,
+}
+
+impl fmt::Debug for RetryPolicyBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RetryPolicyBuilder")
+            .field("max_attempts", &self.max_attempts)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RetryPolicyBuilder {
+    /// The attempts allowed, counting the first; at least 2. Values above the client cap
+    /// ([`PoliciesBuilder::max_attempts_cap`]) are clamped to it, not rejected.
+    pub fn max_attempts(mut self, max_attempts: u32) -> Self {
+        self.max_attempts = max_attempts;
+        self
+    }
+
+    /// The backoff schedule between attempts. Any [`Backoff`] works; its `attempt` is the
+    /// number of backoffs since the start of the call or the last server pushback.
+    pub fn backoff(mut self, backoff: impl Backoff + 'static) -> Self {
+        self.backoff = Some(Arc::new(backoff));
+        self
+    }
+
+    /// Which outcomes are retryable: a [`GrpcCodes`] set, an
+    /// [`HttpStatuses`](crate::classify::HttpStatuses), or any [`Classify`].
+    pub fn retryable(mut self, classifier: impl Classify) -> Self {
+        self.classifier = Some(Arc::new(classifier));
+        self
+    }
+
+    /// The call's timeout across all attempts, used when the request has no `grpc-timeout`
+    /// header (service config's `timeout`).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// Retries HTTP requests whose method is not idempotent (RFC 9110 §9.2.2), such as
+    /// `POST`. Off by default. gRPC requests are not gated: A6 leaves idempotency to the
+    /// choice of retryable codes.
+    pub fn retry_non_idempotent(mut self, enabled: bool) -> Self {
+        self.retry_non_idempotent = enabled;
+        self
+    }
+
+    /// How many times a never-sent attempt is retried when the call has no deadline.
+    pub fn max_transparent_retries(mut self, max: u32) -> Self {
+        self.max_transparent_retries = max;
+        self
+    }
+
+    /// Validates and builds the policy.
+    pub fn build(self) -> Result<RetryPolicy, PolicyError> {
+        if self.max_attempts < 2 {
+            return Err(PolicyError::new("max_attempts", "must be at least 2"));
+        }
+        Ok(RetryPolicy {
+            max_attempts: self.max_attempts,
+            backoff: self.backoff.unwrap_or_else(default_backoff),
+            classifier: self
+                .classifier
+                .unwrap_or_else(|| Arc::new(GrpcCodes::from([Code::Unavailable]))),
+            timeout: self.timeout,
+            retry_non_idempotent: self.retry_non_idempotent,
+            max_transparent_retries: self.max_transparent_retries,
+        })
+    }
+}
+
+/// How a method is hedged: gRFC A6's `hedgingPolicy`, and an adaptive delay beyond it.
+#[derive(Clone)]
+pub struct HedgePolicy {
+    pub(crate) max_attempts: u32,
+    pub(crate) delay: Duration,
+    pub(crate) classifier: Arc<dyn Classify>,
+    pub(crate) timeout: Option<Duration>,
+}
+
+impl fmt::Debug for HedgePolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HedgePolicy")
+            .field("max_attempts", &self.max_attempts)
+            .field("delay", &self.delay)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl HedgePolicy {
+    /// A builder: 2 attempts, delay 0 (all at once), no non-fatal codes.
+    pub fn builder() -> HedgePolicyBuilder {
+        HedgePolicyBuilder {
+            max_attempts: 2,
+            delay: Duration::ZERO,
+            classifier: None,
+            timeout: None,
+        }
+    }
+
+    /// The attempts allowed, including the first, before the client cap is applied.
+    pub fn max_attempts(&self) -> u32 {
+        self.max_attempts
+    }
+
+    /// The fixed delay between hedges.
+    pub fn delay(&self) -> Duration {
+        self.delay
+    }
+
+    /// The call timeout used when a request carries no `grpc-timeout`.
+    pub fn timeout(&self) -> Option<Duration> {
+        self.timeout
+    }
+}
+
+/// Builds a [`HedgePolicy`].
+pub struct HedgePolicyBuilder {
+    max_attempts: u32,
+    delay: Duration,
+    classifier: Option<Arc<dyn Classify>>,
+    timeout: Option<Duration>,
+}
+
+impl fmt::Debug for HedgePolicyBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HedgePolicyBuilder")
+            .field("max_attempts", &self.max_attempts)
+            .field("delay", &self.delay)
+            .finish_non_exhaustive()
+    }
+}
+
+impl HedgePolicyBuilder {
+    /// The attempts allowed, counting the first; at least 2; clamped to the client cap.
+    pub fn max_attempts(mut self, max_attempts: u32) -> Self {
+        self.max_attempts = max_attempts;
+        self
+    }
+
+    /// The delay between hedges; zero sends every attempt at once.
+    pub fn delay(mut self, delay: Duration) -> Self {
+        self.delay = delay;
+        self
+    }
+
+    /// Which failures are non-fatal (the next hedge is sent at once, the others go on):
+    /// a [`GrpcCodes`] set or any [`Classify`]. Outcomes it calls `Retryable` are non-fatal.
+    /// Without one, every failure is fatal.
+    pub fn non_fatal(mut self, classifier: impl Classify) -> Self {
+        self.classifier = Some(Arc::new(classifier));
+        self
+    }
+
+    /// The call's timeout across all hedges, used when the request has no `grpc-timeout`.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// Validates and builds the policy.
+    pub fn build(self) -> Result<HedgePolicy, PolicyError> {
+        if self.max_attempts < 2 {
+            return Err(PolicyError::new("max_attempts", "must be at least 2"));
+        }
+        Ok(HedgePolicy {
+            max_attempts: self.max_attempts,
+            delay: self.delay,
+            classifier: self
+                .classifier
+                .unwrap_or_else(|| Arc::new(GrpcCodes::empty())),
+            timeout: self.timeout,
+        })
+    }
+}
+
+/// The policy of one method: retried or hedged, never both.
+#[derive(Debug, Clone)]
+pub enum MethodPolicy {
+    /// Retried by [`RetryLayer`](crate::RetryLayer); passes through the hedge layer.
+    Retry(Arc<RetryPolicy>),
+    /// Hedged by [`HedgeLayer`](crate::HedgeLayer); passes through the retry layer.
+    Hedge(Arc<HedgePolicy>),
+}
+
+impl From<RetryPolicy> for MethodPolicy {
+    fn from(policy: RetryPolicy) -> MethodPolicy {
+        MethodPolicy::Retry(Arc::new(policy))
+    }
+}
+
+impl From<HedgePolicy> for MethodPolicy {
+    fn from(policy: HedgePolicy) -> MethodPolicy {
+        MethodPolicy::Hedge(Arc::new(policy))
+    }
+}
+
+/// An HTTP route: a path prefix (matched on whole segments) and, optionally, a set of
+/// methods.
+///
+/// ```
+/// use tower_retry_hedge::policy::Route;
+/// use http::Method;
+///
+/// let route = Route::prefix("/api").methods([Method::GET, Method::PUT]);
+/// assert!(route.matches(&Method::GET, "/api/users"));
+/// assert!(route.matches(&Method::GET, "/api"));
+/// assert!(!route.matches(&Method::GET, "/apiary"));
+/// assert!(!route.matches(&Method::POST, "/api/users"));
+/// ```
+#[derive(Debug, Clone)]
+pub struct Route {
+    prefix: Box<str>,
+    methods: Option<Vec<Method>>,
+}
+
+impl Route {
+    /// Matches paths that start with `prefix` at a segment boundary (`/api` matches `/api`
+    /// and `/api/x`, not `/apiary`; a prefix ending in `/` matches below it).
+    pub fn prefix(prefix: impl Into<String>) -> Route {
+        Route {
+            prefix: prefix.into().into_boxed_str(),
+            methods: None,
+        }
+    }
+
+    /// Limits the route to these methods.
+    pub fn methods(mut self, methods: impl IntoIterator<Item = Method>) -> Route {
+        self.methods = Some(methods.into_iter().collect());
+        self
+    }
+
+    /// Whether a request with this method and path takes the route.
+    pub fn matches(&self, method: &Method, path: &str) -> bool {
+        if let Some(methods) = &self.methods
+            && !methods.contains(method)
+        {
+            return false;
+        }
+        match path.strip_prefix(&*self.prefix) {
+            Some(rest) => self.prefix.ends_with('/') || rest.is_empty() || rest.starts_with('/'),
+            None => false,
+        }
+    }
+}
+
+#[derive(Clone)]
+pub(crate) enum ThrottleChoice {
+    None,
+    Shared(Arc<dyn RetryThrottle>),
+    PerAuthority(ThrottleRegistry),
+}
+
+struct Table {
+    methods: HashMap<Box<str>, MethodPolicy>,
+    services: HashMap<Box<str>, MethodPolicy>,
+    routes: Vec<(Route, MethodPolicy)>,
+    default: Option<MethodPolicy>,
+    throttle: ThrottleChoice,
+    buffer_limits: BufferLimits,
+    max_attempts_cap: u32,
+    stats: Stats,
+}
+
+/// The policy table shared by [`RetryLayer`](crate::RetryLayer) and
+/// [`HedgeLayer`](crate::HedgeLayer). Cheap to clone: clones share the table, the throttle,
+/// the buffer budget and the statistics.
+#[derive(Clone)]
+pub struct Policies(Arc<Table>);
+
+impl fmt::Debug for Policies {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Policies")
+            .field("methods", &self.0.methods.len())
+            .field("services", &self.0.services.len())
+            .field("routes", &self.0.routes.len())
+            .field("default", &self.0.default.is_some())
+            .field("max_attempts_cap", &self.0.max_attempts_cap)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for Policies {
+    fn default() -> Policies {
+        Policies::builder().build()
+    }
+}
+
+impl Policies {
+    /// An empty table: every request passes through.
+    pub fn builder() -> PoliciesBuilder {
+        PoliciesBuilder {
+            methods: HashMap::new(),
+            services: HashMap::new(),
+            routes: Vec::new(),
+            default: None,
+            throttle: ThrottleChoice::None,
+            buffer_limits: BufferLimits::default(),
+            max_attempts_cap: DEFAULT_MAX_ATTEMPTS_CAP,
+        }
+    }
+
+    /// The policy for a request with this method and path, if any.
+    pub fn lookup(&self, method: &Method, path: &str) -> Option<&MethodPolicy> {
+        let table = &*self.0;
+        if !table.methods.is_empty() || !table.services.is_empty() {
+            // A gRPC path is `/service/method`.
+            let name = path.strip_prefix('/').unwrap_or(path);
+            if let Some(found) = table.methods.get(name) {
+                return Some(found);
+            }
+            if let Some((service, _)) = name.rsplit_once('/')
+                && let Some(found) = table.services.get(service)
+            {
+                return Some(found);
+            }
+        }
+        table
+            .routes
+            .iter()
+            .find(|(route, _)| route.matches(method, path))
+            .map(|(_, policy)| policy)
+            .or(table.default.as_ref())
+    }
+
+    /// The policy for a request.
+    pub fn lookup_request<B>(&self, request: &Request<B>) -> Option<&MethodPolicy> {
+        self.lookup(request.method(), request.uri().path())
+    }
+
+    /// The throttle for a request: the shared one, or the one of its authority.
+    pub(crate) fn throttle_for<B>(&self, request: &Request<B>) -> Option<Arc<dyn RetryThrottle>> {
+        match &self.0.throttle {
+            ThrottleChoice::None => None,
+            ThrottleChoice::Shared(throttle) => Some(throttle.clone()),
+            ThrottleChoice::PerAuthority(registry) => {
+                let authority = request
+                    .uri()
+                    .authority()
+                    .map(|a| a.as_str())
+                    .or_else(|| {
+                        request
+                            .headers()
+                            .get(http::header::HOST)
+                            .and_then(|h| h.to_str().ok())
+                    })
+                    .unwrap_or("");
+                Some(Arc::new(registry.get(authority)))
+            }
+        }
+    }
+
+    /// Whether any throttle is configured (calls without a policy still credit it).
+    pub(crate) fn has_throttle(&self) -> bool {
+        !matches!(self.0.throttle, ThrottleChoice::None)
+    }
+
+    /// The replay-buffer limits shared by every call.
+    pub fn buffer_limits(&self) -> &BufferLimits {
+        &self.0.buffer_limits
+    }
+
+    /// The client's cap on `maxAttempts`.
+    pub fn max_attempts_cap(&self) -> u32 {
+        self.0.max_attempts_cap
+    }
+
+    /// The statistics of every method.
+    pub fn stats(&self) -> &Stats {
+        &self.0.stats
+    }
+}
+
+/// Builds [`Policies`].
+pub struct PoliciesBuilder {
+    methods: HashMap<Box<str>, MethodPolicy>,
+    services: HashMap<Box<str>, MethodPolicy>,
+    routes: Vec<(Route, MethodPolicy)>,
+    default: Option<MethodPolicy>,
+    throttle: ThrottleChoice,
+    buffer_limits: BufferLimits,
+    max_attempts_cap: u32,
+}
+
+impl fmt::Debug for PoliciesBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PoliciesBuilder").finish_non_exhaustive()
+    }
+}
+
+fn grpc_name(name: &str) -> Box<str> {
+    name.trim_matches('/').into()
+}
+
+impl PoliciesBuilder {
+    /// The policy of one gRPC method, named `package.Service/Method` (a leading `/` is
+    /// accepted). Replaces an earlier policy for the same method.
+    pub fn method(mut self, name: &str, policy: impl Into<MethodPolicy>) -> Self {
+        self.methods.insert(grpc_name(name), policy.into());
+        self
+    }
+
+    /// The policy of every method of a gRPC service, named `package.Service`.
+    pub fn service(mut self, name: &str, policy: impl Into<MethodPolicy>) -> Self {
+        self.services.insert(grpc_name(name), policy.into());
+        self
+    }
+
+    /// The policy of an HTTP route; routes are tried in the order they were added, after
+    /// gRPC methods and services.
+    pub fn route(mut self, route: Route, policy: impl Into<MethodPolicy>) -> Self {
+        self.routes.push((route, policy.into()));
+        self
+    }
+
+    /// The policy of requests that match nothing else.
+    pub fn default_policy(mut self, policy: impl Into<MethodPolicy>) -> Self {
+        self.default = Some(policy.into());
+        self
+    }
+
+    /// One throttle for every call through layers built from these policies (gRPC's
+    /// per-channel throttle). Pass the same [`Throttle`](crate::throttle::Throttle) (it is
+    /// cheap to clone) to several tables to share it between layers.
+    pub fn throttle(mut self, throttle: impl RetryThrottle + 'static) -> Self {
+        self.throttle = ThrottleChoice::Shared(Arc::new(throttle));
+        self
+    }
+
+    /// One throttle per authority (host:port) of the request URI, for clients that talk to
+    /// many hosts.
+    pub fn throttle_per_authority(mut self, registry: ThrottleRegistry) -> Self {
+        self.throttle = ThrottleChoice::PerAuthority(registry);
+        self
+    }
+
+    /// The replay-buffer limits (default 256 KiB per call, 16 MiB in all).
+    pub fn buffer_limits(mut self, limits: BufferLimits) -> Self {
+        self.buffer_limits = limits;
+        self
+    }
+
+    /// The client's cap on `maxAttempts` (default 5). Policies asking for more are clamped.
+    /// A cap below 1 is taken as 1.
+    pub fn max_attempts_cap(mut self, cap: u32) -> Self {
+        self.max_attempts_cap = cap.max(1);
+        self
+    }
+
+    /// Builds the table.
+    pub fn build(self) -> Policies {
+        Policies(Arc::new(Table {
+            methods: self.methods,
+            services: self.services,
+            routes: self.routes,
+            default: self.default,
+            throttle: self.throttle,
+            buffer_limits: self.buffer_limits,
+            max_attempts_cap: self.max_attempts_cap,
+            stats: Stats::default(),
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn retry() -> RetryPolicy {
+        RetryPolicy::builder().build().unwrap()
+    }
+
+    fn hedge() -> HedgePolicy {
+        HedgePolicy::builder().build().unwrap()
+    }
+
+    #[test]
+    fn method_beats_service_beats_default() {
+        let policies = Policies::builder()
+            .method("/pkg.Svc/A", retry())
+            .service("pkg.Svc", hedge())
+            .default_policy(retry().clone())
+            .build();
+        let get = |p: &str| policies.lookup(&Method::POST, p).cloned();
+        assert!(matches!(get("/pkg.Svc/A"), Some(MethodPolicy::Retry(_))));
+        assert!(matches!(get("/pkg.Svc/B"), Some(MethodPolicy::Hedge(_))));
+        assert!(matches!(get("/pkg.Other/B"), Some(MethodPolicy::Retry(_))));
+        assert!(matches!(get("/"), Some(MethodPolicy::Retry(_))));
+    }
+
+    #[test]
+    fn no_match_without_default() {
+        let policies = Policies::builder().method("pkg.Svc/A", retry()).build();
+        assert!(policies.lookup(&Method::POST, "/pkg.Svc/B").is_none());
+        assert!(policies.lookup(&Method::POST, "").is_none());
+        assert!(policies.lookup(&Method::POST, "/pkg.Svc/A/extra").is_none());
+    }
+
+    #[test]
+    fn routes_in_order() {
+        let policies = Policies::builder()
+            .route(Route::prefix("/api/slow"), hedge())
+            .route(Route::prefix("/api"), retry())
+            .build();
+        assert!(matches!(
+            policies.lookup(&Method::GET, "/api/slow/x"),
+            Some(MethodPolicy::Hedge(_))
+        ));
+        assert!(matches!(
+            policies.lookup(&Method::GET, "/api/fast"),
+            Some(MethodPolicy::Retry(_))
+        ));
+        assert!(policies.lookup(&Method::GET, "/apix").is_none());
+    }
+
+    #[test]
+    fn builders_validate() {
+        let err = RetryPolicy::builder().max_attempts(1).build().unwrap_err();
+        assert_eq!(err.to_string(), "max_attempts: must be at least 2");
+        assert!(HedgePolicy::builder().max_attempts(0).build().is_err());
+    }
+}

@@ -1,0 +1,493 @@
+//! The retry layer's response future: one attempt at a time.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use http::{HeaderValue, Request, Response};
+use pin_project_lite::pin_project;
+use tokio::time::{Instant, Sleep, sleep, sleep_until};
+use tower_service::Service;
+
+use crate::BoxError;
+use crate::backoff::Step;
+use crate::body::Replay;
+use crate::call::Call;
+use crate::classify::{AttemptResult, Outcome, grpc_status};
+use crate::error::deadline_exceeded;
+use crate::metadata::{Attempts, GRPC_PREVIOUS_RPC_ATTEMPTS};
+use crate::policy::RetryPolicy;
+use crate::pushback::Pushback;
+use crate::stats::{MethodStats, Stats};
+use crate::throttle::RetryThrottle;
+
+pin_project! {
+    /// The response future of [`Retry`](super::Retry).
+    pub struct ResponseFuture<S, B>
+    where
+        S: Service<Request<B>>,
+        B: Replay,
+    {
+        #[pin]
+        kind: Kind<S, B>,
+    }
+}
+
+pin_project! {
+    #[project = KindProj]
+    enum Kind<S, B>
+    where
+        S: Service<Request<B>>,
+        B: Replay,
+    {
+        // No policy for the method: the inner future as it is. With a throttle configured,
+        // a success still credits it, as A6 counts every outgoing call.
+        Passthrough {
+            #[pin]
+            future: S::Future,
+            credit: Option<Credit>,
+        },
+        // A call with a retry policy.
+        Retrying {
+            #[pin]
+            retrying: Retrying<S, B>,
+        },
+    }
+}
+
+/// What a passthrough call needs to credit the throttle on success.
+pub(crate) struct Credit {
+    pub(crate) throttle: Arc<dyn RetryThrottle>,
+    pub(crate) grpc: bool,
+}
+
+impl<S, B> ResponseFuture<S, B>
+where
+    S: Service<Request<B>>,
+    B: Replay,
+{
+    pub(crate) fn passthrough(future: S::Future, credit: Option<Credit>) -> Self {
+        ResponseFuture {
+            kind: Kind::Passthrough { future, credit },
+        }
+    }
+
+    pub(crate) fn retrying(retrying: Retrying<S, B>) -> Self {
+        ResponseFuture {
+            kind: Kind::Retrying { retrying },
+        }
+    }
+}
+
+impl<S, B, RB> Future for ResponseFuture<S, B>
+where
+    S: Service<Request<B>, Response = Response<RB>>,
+    S::Error: Into<BoxError>,
+    B: Replay,
+{
+    type Output = Result<Response<RB>, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project().kind.project() {
+            KindProj::Passthrough { future, credit } => {
+                let result = ready!(future.poll(cx)).map_err(Into::into);
+                if let (Some(credit), Ok(response)) = (credit, &result)
+                    && is_success(response, credit.grpc)
+                {
+                    credit.throttle.on_success();
+                }
+                Poll::Ready(result)
+            }
+            KindProj::Retrying { retrying } => retrying.poll(cx),
+        }
+    }
+}
+
+/// Whether a response of a call without a policy counts as a success for the throttle.
+fn is_success<RB>(response: &Response<RB>, grpc: bool) -> bool {
+    if grpc {
+        matches!(
+            grpc_status(response.status(), response.headers()),
+            None | Some(crate::classify::Code::Ok)
+        )
+    } else {
+        !response.status().is_server_error()
+            && response.status() != http::StatusCode::TOO_MANY_REQUESTS
+    }
+}
+
+pin_project! {
+    /// The state of a call with a retry policy.
+    pub(crate) struct Retrying<S, B>
+    where
+        S: Service<Request<B>>,
+        B: Replay,
+    {
+        #[pin]
+        state: State<S::Future>,
+        // Fires when the call's deadline passes; `None` without a deadline.
+        #[pin]
+        deadline: Option<Sleep>,
+        // A clone of the inner service, polled ready before each attempt after the first.
+        service: S,
+        call: Call<B>,
+        policy: Arc<RetryPolicy>,
+        throttle: Option<Arc<dyn RetryThrottle>>,
+        max_attempts: u32,
+        // Attempts that count toward `max_attempts`.
+        counted: u32,
+        // Transparent retries made.
+        transparent: u32,
+        // Never-sent retries in a row, for their backoff and their bound.
+        not_sent_in_a_row: u32,
+        refused_retried: bool,
+        // The backoff exponent: backoffs since the start or the last pushback.
+        backoff_attempt: u32,
+        previous_delay: Option<Duration>,
+        // The last failed attempt's result, returned if no new attempt can start.
+        last: Option<Result<S::Response, BoxError>>,
+        stats: Option<Arc<MethodStats>>,
+        stats_source: Stats,
+        span: tracing::Span,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<F> {
+        // An attempt is in flight.
+        Called {
+            #[pin]
+            future: F,
+        },
+        // Waiting out a backoff or a pushback before the next attempt.
+        Waiting {
+            #[pin]
+            sleep: Sleep,
+        },
+        // Waiting for the service to be ready for the next attempt.
+        Ready,
+    }
+}
+
+/// What to do after an attempt.
+enum Decision {
+    Return,
+    RetryAfter(Duration),
+}
+
+pub(crate) struct RetryingParts<S, B: Replay> {
+    pub(crate) service: S,
+    pub(crate) call: Call<B>,
+    pub(crate) policy: Arc<RetryPolicy>,
+    pub(crate) throttle: Option<Arc<dyn RetryThrottle>>,
+    pub(crate) max_attempts_cap: u32,
+    pub(crate) stats: Stats,
+}
+
+impl<S, B> Retrying<S, B>
+where
+    S: Service<Request<B>>,
+    B: Replay,
+{
+    /// Starts a call: `first` is the inner future of the first attempt, already called on the
+    /// service that was polled ready.
+    pub(crate) fn new(parts: RetryingParts<S, B>, first: S::Future) -> Self {
+        let span = tracing::debug_span!(
+            "retry",
+            path = %parts.call.path(),
+            http.request.resend_count = tracing::field::Empty,
+        );
+        let max_attempts = parts.policy.max_attempts.min(parts.max_attempts_cap);
+        Retrying {
+            state: State::Called { future: first },
+            deadline: parts.call.deadline.map(sleep_until),
+            service: parts.service,
+            call: parts.call,
+            policy: parts.policy,
+            throttle: parts.throttle,
+            max_attempts,
+            counted: 1,
+            transparent: 0,
+            not_sent_in_a_row: 0,
+            refused_retried: false,
+            backoff_attempt: 0,
+            previous_delay: None,
+            last: None,
+            stats: None,
+            stats_source: parts.stats,
+            span,
+        }
+    }
+}
+
+impl<S, B, RB> Retrying<S, B>
+where
+    S: Service<Request<B>, Response = Response<RB>>,
+    S::Error: Into<BoxError>,
+    B: Replay,
+{
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<Response<RB>, BoxError>> {
+        let mut this = self.project();
+        let _enter = this.span.enter();
+        loop {
+            // The deadline spans every attempt and every wait.
+            if let Some(deadline) = this.deadline.as_mut().as_pin_mut()
+                && deadline.poll(cx).is_ready()
+            {
+                tracing::debug!(attempts = this.call.sent, "deadline exceeded");
+                this.state.set(State::Ready);
+                return Poll::Ready(Err(deadline_exceeded(this.call.grpc)));
+            }
+            match this.state.as_mut().project() {
+                StateProj::Called { future } => {
+                    let result = ready!(future.poll(cx)).map_err(Into::into);
+                    let outcome = match &result {
+                        Ok(response) => this.policy.classifier.classify(AttemptResult::Response {
+                            status: response.status(),
+                            headers: response.headers(),
+                        }),
+                        Err(error) => this.policy.classifier.classify(AttemptResult::Error(&**error)),
+                    };
+                    let decision = decide(
+                        outcome,
+                        Ctx {
+                            policy: this.policy,
+                            call: this.call,
+                            throttle: this.throttle.as_deref(),
+                            max_attempts: *this.max_attempts,
+                            counted: this.counted,
+                            transparent: this.transparent,
+                            not_sent_in_a_row: this.not_sent_in_a_row,
+                            refused_retried: this.refused_retried,
+                            backoff_attempt: this.backoff_attempt,
+                            previous_delay: this.previous_delay,
+                            stats: this.stats,
+                            stats_source: this.stats_source,
+                        },
+                    );
+                    match decision {
+                        Decision::Return => {
+                            let sent = this.call.sent;
+                            return Poll::Ready(result.map(|response| {
+                                annotate(response, sent, *this.transparent, this.call.grpc)
+                            }));
+                        }
+                        Decision::RetryAfter(delay) => {
+                            *this.last = Some(result);
+                            // A zero delay (a refused stream, pushback "0") goes at once: a
+                            // timer would round it up to the next millisecond tick.
+                            if delay.is_zero() {
+                                this.state.set(State::Ready);
+                            } else {
+                                this.state.set(State::Waiting { sleep: sleep(delay) });
+                            }
+                        }
+                    }
+                }
+                StateProj::Waiting { sleep } => {
+                    ready!(sleep.poll(cx));
+                    this.state.set(State::Ready);
+                }
+                StateProj::Ready => {
+                    if let Err(error) = ready!(this.service.poll_ready(cx)) {
+                        return Poll::Ready(Err(error.into()));
+                    }
+                    let Some((request, _reader)) = this.call.next_request(false) else {
+                        // The body outgrew the buffer while we waited: the call is committed
+                        // to what the last attempt got.
+                        tracing::debug!("committed: body cannot be replayed");
+                        let sent = this.call.sent;
+                        let last = this.last.take().unwrap_or_else(|| Err(not_replayable()));
+                        return Poll::Ready(
+                            last.map(|r| annotate(r, sent, *this.transparent, this.call.grpc)),
+                        );
+                    };
+                    *this.last = None;
+                    let sent = this.call.sent;
+                    this.span.record("http.request.resend_count", sent - 1);
+                    let future = this.service.call(request);
+                    this.state.set(State::Called { future });
+                }
+            }
+        }
+    }
+}
+
+/// The bookkeeping [`decide`] reads and updates.
+struct Ctx<'a, B: Replay> {
+    policy: &'a RetryPolicy,
+    call: &'a Call<B>,
+    throttle: Option<&'a dyn RetryThrottle>,
+    max_attempts: u32,
+    counted: &'a mut u32,
+    transparent: &'a mut u32,
+    not_sent_in_a_row: &'a mut u32,
+    refused_retried: &'a mut bool,
+    backoff_attempt: &'a mut u32,
+    previous_delay: &'a mut Option<Duration>,
+    stats: &'a mut Option<Arc<MethodStats>>,
+    stats_source: &'a Stats,
+}
+
+/// The A6 rules, applied to one attempt's outcome.
+fn decide<B: Replay>(outcome: Outcome, ctx: Ctx<'_, B>) -> Decision {
+    let was_retry = *ctx.counted > 1 && *ctx.not_sent_in_a_row == 0;
+    let outcome = gate_idempotency(outcome, ctx.policy, ctx.call);
+    if was_retry && !matches!(outcome, Outcome::Success | Outcome::NotSent | Outcome::Refused) {
+        if let Some(stats) = ctx.stats.as_ref() {
+            stats.record_retry_failure();
+        }
+    }
+    let now = Instant::now();
+    let fits = |delay: Duration| match ctx.call.remaining(now) {
+        Some(remaining) => delay < remaining,
+        None => true,
+    };
+    match outcome {
+        Outcome::Success => {
+            if let Some(throttle) = ctx.throttle {
+                throttle.on_success();
+            }
+            Decision::Return
+        }
+        Outcome::Fatal(pushback) => {
+            // A6: a pushback saying "do not retry" counts as a failure even on a code that
+            // would not be retried.
+            if pushback == Some(Pushback::Stop)
+                && let Some(throttle) = ctx.throttle
+            {
+                throttle.on_failure();
+            }
+            tracing::debug!(attempt = ctx.call.sent, reason = "fatal", "not retrying");
+            Decision::Return
+        }
+        Outcome::NotSent => {
+            // Never left the client: safe to retry at any time, with backoff; bounded by the
+            // deadline, or by a count when there is none.
+            let bounded_out = ctx.call.deadline.is_none()
+                && *ctx.not_sent_in_a_row >= ctx.policy.max_transparent_retries;
+            if bounded_out || !ctx.call.can_replay() {
+                return Decision::Return;
+            }
+            let delay = ctx.policy.backoff.sample(
+                Step {
+                    attempt: *ctx.not_sent_in_a_row,
+                    previous: None,
+                },
+                &mut rand::rng(),
+            );
+            if !fits(delay) {
+                return Decision::Return;
+            }
+            *ctx.not_sent_in_a_row += 1;
+            *ctx.transparent += 1;
+            tracing::debug!(attempt = ctx.call.sent, ?delay, reason = "not sent", "transparent retry");
+            Decision::RetryAfter(delay)
+        }
+        Outcome::Refused if !*ctx.refused_retried => {
+            // Reached the server but not its application: once, at once.
+            *ctx.not_sent_in_a_row = 0;
+            if !ctx.call.can_replay() {
+                return Decision::Return;
+            }
+            *ctx.refused_retried = true;
+            *ctx.transparent += 1;
+            tracing::debug!(attempt = ctx.call.sent, reason = "refused", "transparent retry");
+            Decision::RetryAfter(Duration::ZERO)
+        }
+        // A second refusal is handled by the policy, like `UNAVAILABLE`.
+        Outcome::Refused | Outcome::Retryable(_) => {
+            *ctx.not_sent_in_a_row = 0;
+            let pushback = outcome.pushback();
+            if let Some(throttle) = ctx.throttle {
+                throttle.on_failure();
+            }
+            let stop = |reason: &'static str| {
+                tracing::debug!(attempt = ctx.call.sent, reason, "not retrying");
+                Decision::Return
+            };
+            if pushback == Some(Pushback::Stop) {
+                return stop("pushback: stop");
+            }
+            if *ctx.counted >= ctx.max_attempts {
+                return stop("max attempts");
+            }
+            if ctx.throttle.is_some_and(|t| !t.allows_retry()) {
+                return stop("throttled");
+            }
+            if !ctx.call.can_replay() {
+                return stop("committed");
+            }
+            let delay = match pushback {
+                Some(Pushback::After(delay)) => {
+                    // The server's delay exactly; the backoff restarts from the initial one.
+                    *ctx.backoff_attempt = 0;
+                    *ctx.previous_delay = None;
+                    delay
+                }
+                _ => {
+                    let delay = ctx.policy.backoff.sample(
+                        Step {
+                            attempt: *ctx.backoff_attempt,
+                            previous: *ctx.previous_delay,
+                        },
+                        &mut rand::rng(),
+                    );
+                    *ctx.backoff_attempt = ctx.backoff_attempt.saturating_add(1);
+                    *ctx.previous_delay = Some(delay);
+                    delay
+                }
+            };
+            if !fits(delay) {
+                return stop("deadline");
+            }
+            *ctx.counted += 1;
+            let k = *ctx.counted - 1;
+            ctx.stats
+                .get_or_insert_with(|| ctx.stats_source.method(ctx.call.path()))
+                .record_retry(k);
+            tracing::debug!(
+                attempt = ctx.call.sent + 1,
+                ?delay,
+                pushback = pushback.is_some(),
+                reason = "retryable",
+                "retrying"
+            );
+            Decision::RetryAfter(delay)
+        }
+    }
+}
+
+/// Non-idempotent HTTP requests are not retried unless the policy opts in: their retryable
+/// failures become fatal. Never-sent and refused attempts stay safe to retry.
+fn gate_idempotency<B: Replay>(outcome: Outcome, policy: &RetryPolicy, call: &Call<B>) -> Outcome {
+    match outcome {
+        Outcome::Retryable(pushback)
+            if !call.grpc && !policy.retry_non_idempotent && !call.method().is_idempotent() =>
+        {
+            Outcome::Fatal(pushback)
+        }
+        other => other,
+    }
+}
+
+/// Marks a response with the attempts its call made.
+fn annotate<RB>(mut response: Response<RB>, sent: u32, transparent: u32, grpc: bool) -> Response<RB> {
+    if grpc && sent > 1 {
+        response
+            .headers_mut()
+            .insert(GRPC_PREVIOUS_RPC_ATTEMPTS, HeaderValue::from(sent - 1));
+    }
+    response
+        .extensions_mut()
+        .insert(Attempts::new(sent, transparent));
+    response
+}
+
+/// The error for the (unexpected) case of a committed call with no failed attempt to return.
+fn not_replayable() -> BoxError {
+    "request body cannot be replayed and no attempt result is left to return".into()
+}

@@ -1,0 +1,231 @@
+//! gRFC A6 retries for any tower service whose requests are `http::Request<B>`.
+//!
+//! [`Retry`] looks up each request's policy in a [`Policies`] table. A request with no
+//! [`RetryPolicy`](crate::RetryPolicy) passes straight through. For the others:
+//!
+//! 1. The deadline is the request's `grpc-timeout` (gRPC), else the policy's timeout. It spans
+//!    every attempt and every wait; each gRPC attempt carries the *remaining* time in
+//!    `grpc-timeout`. When it passes, the call ends: a gRPC call with the `tonic` feature
+//!    returns `Status::deadline_exceeded`, other calls [`DeadlineExceeded`].
+//! 2. The body is made replayable within the [`BufferLimits`](crate::body::BufferLimits);
+//!    one that cannot be (its size is known to be over the limit) is sent once, untouched.
+//! 3. Attempt 1 is sent; attempt N+1 carries `grpc-previous-rpc-attempts: N`.
+//! 4. The outcome is classified ([`classify`](crate::classify)). A success is returned and
+//!    credits the throttle. A response with ordinary headers (not Trailers-Only) commits the
+//!    call and is returned as it is.
+//! 5. A retryable failure debits the throttle; the call is retried only if attempts remain
+//!    (`maxAttempts`, clamped to the client cap), the throttle is above half, the body can
+//!    still be replayed, no pushback said stop, and the next attempt can start before the
+//!    deadline.
+//! 6. The wait is the server's pushback exactly when it gave one (and the backoff then
+//!    restarts from its first step), else the backoff schedule's next delay. When the wait
+//!    would reach the deadline, the call returns the last failure at once rather than
+//!    sleeping into a certain `DEADLINE_EXCEEDED`.
+//! 7. The last attempt's outcome is returned, with an [`Attempts`](crate::metadata::Attempts)
+//!    extension and, for gRPC responses after a retry, a `grpc-previous-rpc-attempts` header.
+//!
+//! Transparent retries: an attempt that never left the client is retried with backoff until
+//! the deadline (or [`max_transparent_retries`](crate::policy::RetryPolicyBuilder::max_transparent_retries)
+//! times without one); one refused before the server's application saw it is retried once at
+//! once. Neither counts toward `maxAttempts` or the throttle.
+//!
+//! Non-idempotent HTTP requests (`POST`, `PATCH`, …) are not retried after a response or an
+//! ambiguous error unless the policy opts in; gRPC requests are not gated.
+//!
+//! # `poll_ready` and cloned services
+//!
+//! The first attempt goes to the service that [`poll_ready`](tower_service::Service::poll_ready)
+//! made ready: [`Retry::call`] swaps a clone of it into `self` and moves the ready one into the
+//! response future. Before each later attempt the future polls its service ready again, so a
+//! buffer or a concurrency limit below sees every attempt as a request of its own and no
+//! capacity is taken while the future waits out a backoff.
+//!
+//! # Examples
+//!
+//! A tonic client (with the `tonic` feature), policies from code:
+//!
+//! ```
+//! # #[cfg(feature = "tonic")]
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::time::Duration;
+//! use tower::ServiceBuilder;
+//! use tower_retry_hedge::backoff::Exponential;
+//! use tower_retry_hedge::classify::{Code, GrpcCodes};
+//! use tower_retry_hedge::{Policies, RetryLayer, RetryPolicy};
+//!
+//! let policy = RetryPolicy::builder()
+//!     .max_attempts(4)
+//!     .backoff(Exponential::grpc(Duration::from_millis(100), Duration::from_secs(1), 2.0)?)
+//!     .retryable(GrpcCodes::from([Code::Unavailable]))
+//!     .build()?;
+//! let policies = Policies::builder().service("helloworld.Greeter", policy).build();
+//!
+//! let channel = tonic::transport::Channel::from_static("http://127.0.0.1:50051").connect_lazy();
+//! let svc = ServiceBuilder::new().layer(RetryLayer::new(policies)).service(channel);
+//! // let client = GreeterClient::new(svc);
+//! # let _ = svc;
+//! # Ok(())
+//! # }
+//! # #[cfg(not(feature = "tonic"))]
+//! # fn main() {}
+//! ```
+//!
+//! Any service of `http::Request<Full<Bytes>>`, with a customised HTTP policy and a throttle:
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//! use bytes::Bytes;
+//! use http_body_util::Full;
+//! use std::time::Duration;
+//! use tower::{service_fn, ServiceBuilder, ServiceExt};
+//! use tower_retry_hedge::backoff::{Exponential, Jitter};
+//! use tower_retry_hedge::classify::HttpStatuses;
+//! use tower_retry_hedge::metadata::Attempts;
+//! use tower_retry_hedge::policy::Route;
+//! use tower_retry_hedge::throttle::Throttle;
+//! use tower_retry_hedge::{Policies, RetryLayer, RetryPolicy};
+//!
+//! let policy = RetryPolicy::builder()
+//!     .max_attempts(3)
+//!     .backoff(Exponential::new(Duration::from_millis(1), Duration::from_millis(4), 2.0, Jitter::None)?)
+//!     .retryable(HttpStatuses::default())
+//!     .build()?;
+//! let policies = Policies::builder()
+//!     .route(Route::prefix("/"), policy)
+//!     .throttle(Throttle::new(10, 0.1)?)
+//!     .build();
+//!
+//! let calls = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+//! let server = service_fn(move |_req: http::Request<Full<Bytes>>| {
+//!     let n = calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+//!     async move {
+//!         let status = if n == 0 { 503 } else { 200 };
+//!         Ok::<_, std::convert::Infallible>(
+//!             http::Response::builder().status(status).body(()).unwrap(),
+//!         )
+//!     }
+//! });
+//! let svc = ServiceBuilder::new().layer(RetryLayer::new(policies)).service(server);
+//! let response = svc
+//!     .oneshot(http::Request::get("/items").body(Full::new(Bytes::from("x")))?)
+//!     .await?;
+//! assert_eq!(response.status(), 200);
+//! assert_eq!(response.extensions().get::<Attempts>().unwrap().sent(), 2);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! [`DeadlineExceeded`]: crate::error::DeadlineExceeded
+
+mod future;
+mod layer;
+
+use std::task::{Context, Poll};
+
+use http::{Request, Response};
+use tower_service::Service;
+
+pub use self::future::ResponseFuture;
+pub use self::layer::RetryLayer;
+use self::future::{Credit, Retrying, RetryingParts};
+use crate::BoxError;
+use crate::body::Replay;
+use crate::call::{Call, is_grpc};
+use crate::policy::{MethodPolicy, Policies};
+
+/// Retries requests by their method's [`RetryPolicy`](crate::RetryPolicy): see
+/// [the module docs](self).
+#[derive(Debug, Clone)]
+pub struct Retry<S> {
+    inner: S,
+    policies: Policies,
+}
+
+impl<S> Retry<S> {
+    /// Wraps `inner`.
+    pub fn new(inner: S, policies: Policies) -> Retry<S> {
+        Retry { inner, policies }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+
+    /// The policy table.
+    pub fn policies(&self) -> &Policies {
+        &self.policies
+    }
+}
+
+impl<S, B, RB> Service<Request<B>> for Retry<S>
+where
+    S: Service<Request<B>, Response = Response<RB>> + Clone,
+    S::Error: Into<BoxError>,
+    B: Replay,
+{
+    type Response = Response<RB>;
+    type Error = BoxError;
+    type Future = ResponseFuture<S, B>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        let policy = match self.policies.lookup_request(&request) {
+            Some(MethodPolicy::Retry(policy)) => policy.clone(),
+            Some(MethodPolicy::Hedge(_)) => {
+                // The hedge layer owns this call and its throttle accounting.
+                return ResponseFuture::passthrough(self.inner.call(request), None);
+            }
+            None => {
+                let credit = if self.policies.has_throttle() {
+                    let grpc = is_grpc(&request);
+                    self.policies
+                        .throttle_for(&request)
+                        .map(|throttle| Credit { throttle, grpc })
+                } else {
+                    None
+                };
+                return ResponseFuture::passthrough(self.inner.call(request), credit);
+            }
+        };
+        let throttle = self.policies.throttle_for(&request);
+        if let Some(throttle) = &throttle {
+            throttle.on_call();
+        }
+        let (call, first, _reader) = Call::start(
+            request,
+            self.policies.buffer_limits(),
+            policy.timeout,
+            false,
+        );
+        // The ready service takes the first attempt; a clone stays behind for the next call.
+        let clone = self.inner.clone();
+        let mut service = std::mem::replace(&mut self.inner, clone);
+        let future = service.call(first);
+        ResponseFuture::retrying(Retrying::new(
+            RetryingParts {
+                service,
+                call,
+                policy,
+                throttle,
+                max_attempts_cap: self.policies.max_attempts_cap(),
+                stats: self.policies.stats().clone(),
+            },
+            future,
+        ))
+    }
+}

@@ -1,0 +1,176 @@
+//! Per-method retry statistics, as gRFC A6 defines them.
+//!
+//! For each method, three figures: the retry attempts made, the retry attempts that failed,
+//! and a histogram in which the k-th retry of a call lands in exactly one bucket of
+//! `>=1, >=2, >=3, >=4, >=5, >=10, >=100, >=1000`. For hedged calls the first attempt is the
+//! original and every later hedge counts as a retry.
+//!
+//! The success path of a call that needs no retry touches none of this: the counters are
+//! looked up only when a retry is sent.
+//!
+//! # Examples
+//!
+//! ```
+//! use tower_retry_hedge::stats::Stats;
+//!
+//! let stats = Stats::default();
+//! let method = stats.method("/helloworld.Greeter/SayHello");
+//! method.record_retry(1);
+//! method.record_retry(2);
+//! method.record_retry_failure();
+//!
+//! let snapshot = stats.snapshot();
+//! let greeter = &snapshot.methods["/helloworld.Greeter/SayHello"];
+//! assert_eq!(greeter.retry_attempts, 2);
+//! assert_eq!(greeter.retry_failures, 1);
+//! assert_eq!(greeter.histogram, [1, 1, 0, 0, 0, 0, 0, 0]);
+//! ```
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+
+/// The lower bounds of the A6 histogram's buckets.
+pub const HISTOGRAM_BOUNDS: [u32; 8] = [1, 2, 3, 4, 5, 10, 100, 1000];
+
+/// Distinct methods tracked before further ones share one overflow entry, so a client that
+/// sees arbitrary paths cannot grow the table without bound.
+pub const MAX_METHODS: usize = 1024;
+
+/// The key under which methods past [`MAX_METHODS`] are counted.
+pub const OVERFLOW_KEY: &str = "(other)";
+
+/// The index of the histogram bucket for the `k`-th retry (`k >= 1`).
+fn bucket(k: u32) -> usize {
+    HISTOGRAM_BOUNDS
+        .iter()
+        .rposition(|&bound| k >= bound)
+        .unwrap_or(0)
+}
+
+/// Counters of one method. Updated with relaxed atomics: each counter is exact, and a
+/// snapshot taken while calls run may see one counter a step ahead of another.
+#[derive(Debug, Default)]
+pub struct MethodStats {
+    retry_attempts: AtomicU64,
+    retry_failures: AtomicU64,
+    histogram: [AtomicU64; 8],
+}
+
+impl MethodStats {
+    /// Records that the `k`-th retry of a call (1 for the first retry) was sent.
+    pub fn record_retry(&self, k: u32) {
+        self.retry_attempts.fetch_add(1, Ordering::Relaxed);
+        self.histogram[bucket(k)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Records that a retry attempt failed.
+    pub fn record_retry_failure(&self) {
+        self.retry_failures.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The current values.
+    pub fn snapshot(&self) -> MethodSnapshot {
+        MethodSnapshot {
+            retry_attempts: self.retry_attempts.load(Ordering::Relaxed),
+            retry_failures: self.retry_failures.load(Ordering::Relaxed),
+            histogram: std::array::from_fn(|i| self.histogram[i].load(Ordering::Relaxed)),
+        }
+    }
+}
+
+/// The figures of one method at one moment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MethodSnapshot {
+    /// Retry attempts made (hedges after the first count here).
+    pub retry_attempts: u64,
+    /// Retry attempts that did not succeed.
+    pub retry_failures: u64,
+    /// Retry attempts by bucket; bucket `i` counts the k-th retries with
+    /// `HISTOGRAM_BOUNDS[i] <= k < HISTOGRAM_BOUNDS[i + 1]`.
+    pub histogram: [u64; 8],
+}
+
+/// All methods' figures at one moment, by method path.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StatsSnapshot {
+    /// Figures by method path (for gRPC, `/package.Service/Method`).
+    pub methods: BTreeMap<String, MethodSnapshot>,
+}
+
+/// The statistics of every method seen by the layers that share it. Cheap to clone.
+#[derive(Debug, Clone, Default)]
+pub struct Stats {
+    methods: Arc<RwLock<HashMap<Box<str>, Arc<MethodStats>>>>,
+}
+
+impl Stats {
+    /// The counters of `path`, created on first use.
+    pub fn method(&self, path: &str) -> Arc<MethodStats> {
+        // A poisoned lock only means another thread panicked while inserting: the map is
+        // still a valid map, so keep counting.
+        if let Some(found) = self
+            .methods
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(path)
+        {
+            return found.clone();
+        }
+        let mut methods = self.methods.write().unwrap_or_else(|e| e.into_inner());
+        let key = if methods.len() >= MAX_METHODS && !methods.contains_key(path) {
+            OVERFLOW_KEY
+        } else {
+            path
+        };
+        methods.entry(key.into()).or_default().clone()
+    }
+
+    /// A copy of every method's figures.
+    pub fn snapshot(&self) -> StatsSnapshot {
+        let methods = self.methods.read().unwrap_or_else(|e| e.into_inner());
+        StatsSnapshot {
+            methods: methods
+                .iter()
+                .map(|(path, stats)| (path.to_string(), stats.snapshot()))
+                .collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_follow_a6() {
+        let expect = [
+            (1, 0),
+            (2, 1),
+            (3, 2),
+            (4, 3),
+            (5, 4),
+            (9, 4),
+            (10, 5),
+            (99, 5),
+            (100, 6),
+            (999, 6),
+            (1000, 7),
+            (u32::MAX, 7),
+        ];
+        for (k, b) in expect {
+            assert_eq!(bucket(k), b, "k = {k}");
+        }
+    }
+
+    #[test]
+    fn table_is_bounded() {
+        let stats = Stats::default();
+        for i in 0..(MAX_METHODS + 10) {
+            stats.method(&format!("/s/m{i}")).record_retry(1);
+        }
+        let snapshot = stats.snapshot();
+        assert_eq!(snapshot.methods.len(), MAX_METHODS + 1);
+        assert_eq!(snapshot.methods[OVERFLOW_KEY].retry_attempts, 10);
+    }
+}
