@@ -19,12 +19,13 @@
 //! A fixed `maxAttempts` multiplies the load on a server by up to `maxAttempts` exactly when
 //! it is least able to take it: during an outage every call fails and every call is retried,
 //! which is how retry storms keep a recovering server down. The bucket ties retries to the
-//! health the client observes. While most calls succeed it stays full and retries flow
-//! freely; once failures outpace successes by more than `1 / tokenRatio` to one, it drains
-//! to half within `maxTokens / 2` failures and retries stop, so the extra load an outage can
-//! cause is bounded by a constant rather than by a multiple of the traffic. Retries resume
-//! by themselves once enough calls succeed again (with `(10, 0.1)`, 61 successes after a
-//! full drain).
+//! health the client observes. While failures stay below `tokenRatio` per success (with
+//! `0.1`, one failure in ten successes) the bucket stays near full and retries flow freely.
+//! Past that rate it drains, and once `maxTokens / 2` failures more than the successes pay
+//! for have arrived, retries stop: in a full outage the extra load is about
+//! `maxTokens / 2` retries, a constant, rather than `maxAttempts - 1` retries per call.
+//! Retries resume by themselves once enough calls succeed again (with `(10, 0.1)`, 61
+//! successes after a full drain).
 //!
 //! Tokens are kept in thousandths in one atomic integer and updated by compare-and-swap, so
 //! a throttle costs no lock on the path of an attempt, and `tokenRatio` is applied with

@@ -136,7 +136,10 @@ fn invalid_ratios() {
     for ratio in [0.0, -0.0, -0.5, -1000.0] {
         let err = Throttle::new(10, ratio).unwrap_err();
         assert!(matches!(err, ThrottleError::TokenRatioNotPositive { .. }));
-        assert!(err.to_string().contains("tokenRatio must be greater than 0"));
+        assert!(
+            err.to_string()
+                .contains("tokenRatio must be greater than 0")
+        );
     }
     for ratio in [0.0009, 0.000_999_999, 1e-9, f64::MIN_POSITIVE] {
         let err = Throttle::new(10, ratio).unwrap_err();
@@ -195,18 +198,24 @@ fn race(threads: usize, per_thread: impl Fn(usize) + Sync) {
 
 #[test]
 fn concurrent_failures_from_a_full_bucket() {
-    // Failures only: each takes exactly 1 token until the floor, in any order.
-    let throttle = Throttle::new(1000, 0.1).unwrap();
-    let mut model = Model::of(&throttle);
-    race(8, |_| {
-        for _ in 0..100 {
-            throttle.on_failure();
-            throttle.allows_retry();
+    // Failures only: each takes exactly 1 token until the floor, in any order. A bucket holds
+    // at most 1000, so the race is run in rounds to give lost updates many chances to show.
+    let throttle = Throttle::new(1000, 1.0).unwrap();
+    for round in 0..50 {
+        while throttle.tokens_milli() < 1_000_000 {
+            throttle.on_success();
         }
-    });
-    (0..800).for_each(|_| model.failure());
-    assert_eq!(throttle.tokens_milli(), model.tokens);
-    assert_eq!(throttle.tokens_milli(), 200_000);
+        let mut model = Model::of(&throttle);
+        race(8, |_| {
+            for _ in 0..100 {
+                throttle.on_failure();
+                throttle.allows_retry();
+            }
+        });
+        (0..800).for_each(|_| model.failure());
+        assert_eq!(throttle.tokens_milli(), model.tokens, "round {round}");
+        assert_eq!(throttle.tokens_milli(), 200_000, "round {round}");
+    }
 
     // Past the floor: 0 whatever the order.
     race(8, |_| (0..100).for_each(|_| throttle.on_failure()));
@@ -215,42 +224,43 @@ fn concurrent_failures_from_a_full_bucket() {
 
 #[test]
 fn concurrent_successes_from_an_empty_bucket() {
-    // Successes only: each adds exactly the ratio until the cap, in any order.
-    let throttle = Throttle::new(1000, 0.123).unwrap();
+    // Successes only: each adds exactly the ratio until the cap, in any order. The smallest
+    // ratio allows many updates, so the threads really contend.
+    let throttle = Throttle::new(1000, 0.001).unwrap();
     (0..1000).for_each(|_| throttle.on_failure());
     let mut model = Model::of(&throttle);
-    race(8, |_| (0..1000).for_each(|_| throttle.on_success()));
-    (0..8000).for_each(|_| model.success());
+    race(8, |_| (0..100_000).for_each(|_| throttle.on_success()));
+    (0..800_000).for_each(|_| model.success());
     assert_eq!(throttle.tokens_milli(), model.tokens);
-    assert_eq!(throttle.tokens_milli(), 984_000);
+    assert_eq!(throttle.tokens_milli(), 800_000);
 
     // Past the cap: full whatever the order.
-    race(8, |_| (0..1000).for_each(|_| throttle.on_success()));
+    race(8, |_| (0..100_000).for_each(|_| throttle.on_success()));
     assert_eq!(throttle.tokens_milli(), 1_000_000);
 }
 
 #[test]
 fn concurrent_mixed_updates_that_cannot_clamp() {
-    // Start at 500 of 1000. All successes together add 8 * 1000 * 0.061 = 488 tokens and all
-    // failures together take 8 * 60 = 480, so no ordering can reach 0 or 1000: the bucket
-    // never clamps and the result, 508, is independent of how the threads interleave.
-    let throttle = Throttle::new(1000, 0.061).unwrap();
+    // Start at 500 of 1000. All successes together add 8 * 60_000 * 0.001 = 480 tokens and
+    // all failures together take 8 * 55 = 440, so no ordering can reach 0 or 1000: the
+    // bucket never clamps and the result, 540, is independent of how the threads interleave.
+    let throttle = Throttle::new(1000, 0.001).unwrap();
     (0..500).for_each(|_| throttle.on_failure());
     let mut model = Model::of(&throttle);
     race(8, |id| {
-        for i in 0..1000 {
-            // Threads interleave differently: odd ones fail early, even ones late.
-            let fail_now = if id % 2 == 0 { i >= 940 } else { i < 60 };
+        for i in 0..60_000 {
             throttle.on_success();
-            if fail_now {
+            // Threads fail at different moments: every 1000th update, shifted per thread.
+            if (i + id * 125) % 1000 == 0 && i < 55_000 {
                 throttle.on_failure();
             }
+            throttle.allows_retry();
         }
     });
-    (0..8000).for_each(|_| model.success());
-    (0..480).for_each(|_| model.failure());
+    (0..480_000).for_each(|_| model.success());
+    (0..440).for_each(|_| model.failure());
     assert_eq!(throttle.tokens_milli(), model.tokens);
-    assert_eq!(throttle.tokens_milli(), 508_000);
+    assert_eq!(throttle.tokens_milli(), 540_000);
 }
 
 #[test]
