@@ -1,1 +1,870 @@
-//! `throttle`: to be written.
+//! Retry throttling: the gRFC A6 token bucket, shared per server.
+//!
+//! # The rule
+//!
+//! For each server a client keeps a `token_count`, which starts at `maxTokens` and stays
+//! within `[0, maxTokens]`:
+//!
+//! - every failed call (one that ended with a retryable or non-fatal status, or with a
+//!   pushback saying "do not retry") takes 1 token;
+//! - every successful call adds `tokenRatio` tokens;
+//! - a retry or a hedged attempt may be sent only while `token_count > maxTokens / 2`.
+//!
+//! The first attempt of a call is always sent; only the extra ones are throttled, and they
+//! never wait for tokens: a throttled retry is simply not made, and the last failure is
+//! returned to the caller.
+//!
+//! # Why a bucket beats a fixed retry count
+//!
+//! A fixed `maxAttempts` multiplies the load on a server by up to `maxAttempts` exactly when
+//! it is least able to take it: during an outage every call fails and every call is retried,
+//! which is how retry storms keep a recovering server down. The bucket ties retries to the
+//! health the client observes. While failures stay below `tokenRatio` per success (with
+//! `0.1`, one failure in ten successes) the bucket stays near full and retries flow freely.
+//! Past that rate it drains, and once `maxTokens / 2` failures more than the successes pay
+//! for have arrived, retries stop: in a full outage the extra load is about
+//! `maxTokens / 2` retries, a constant, rather than `maxAttempts - 1` retries per call.
+//! Retries resume by themselves once enough calls succeed again (with `(10, 0.1)`, 61
+//! successes after a full drain).
+//!
+//! Tokens are kept in thousandths in one atomic integer and updated by compare-and-swap, so
+//! a throttle costs no lock on the path of an attempt, and `tokenRatio` is applied with
+//! exactly the three decimal places that gRFC A6 supports.
+//!
+//! # Examples
+//!
+//! The configuration gRFC A6 uses as its example, `{"maxTokens": 10, "tokenRatio": 0.1}`:
+//!
+//! ```
+//! use tower_retry_hedge::throttle::{RetryThrottle, Throttle};
+//!
+//! let throttle = Throttle::new(10, 0.1)?;
+//! assert!(throttle.allows_retry()); // 10 > 5
+//!
+//! for _ in 0..5 {
+//!     throttle.on_failure();
+//! }
+//! assert_eq!(throttle.tokens(), 5.0);
+//! assert!(!throttle.allows_retry()); // 5 is not above 5
+//!
+//! throttle.on_success();
+//! assert_eq!(throttle.tokens_milli(), 5_100);
+//! assert!(throttle.allows_retry());
+//! # Ok::<(), tower_retry_hedge::throttle::ThrottleError>(())
+//! ```
+//!
+//! A client that talks to many hosts keeps one bucket per authority, shared by every clone
+//! of the throttle it hands out:
+//!
+//! ```
+//! use tower_retry_hedge::throttle::{RetryThrottle, ThrottleRegistry};
+//!
+//! let registry = ThrottleRegistry::new(100, 0.25)?;
+//! let api = registry.get("api.example.com:443");
+//! let same = registry.get("API.example.com:443"); // hosts compare case-insensitively
+//! let other = registry.get("auth.example.com:443");
+//!
+//! for _ in 0..50 {
+//!     api.on_failure();
+//! }
+//! assert!(!same.allows_retry()); // one bucket, drained to 50 of 100
+//! assert!(other.allows_retry()); // another host is not affected
+//! assert_eq!(registry.len(), 2);
+//! # Ok::<(), tower_retry_hedge::throttle::ThrottleError>(())
+//! ```
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
+
+/// The seam through which the retry and hedge layers ask whether another attempt may be
+/// sent.
+///
+/// Implemented by the gRFC A6 token bucket, [`Throttle`]; a retry budget can implement it
+/// too. The layers call [`on_call`](RetryThrottle::on_call) once per logical call,
+/// [`on_success`](RetryThrottle::on_success) or [`on_failure`](RetryThrottle::on_failure)
+/// as outcomes arrive, and [`allows_retry`](RetryThrottle::allows_retry) before every
+/// attempt but the first.
+///
+/// The trait is object safe, so policies may hold an `Arc<dyn RetryThrottle>`:
+///
+/// ```
+/// use std::sync::Arc;
+/// use tower_retry_hedge::throttle::{RetryThrottle, Throttle};
+///
+/// let throttle: Arc<dyn RetryThrottle> = Arc::new(Throttle::new(10, 0.1)?);
+/// throttle.on_call();
+/// throttle.on_failure();
+/// assert!(throttle.allows_retry());
+/// # Ok::<(), tower_retry_hedge::throttle::ThrottleError>(())
+/// ```
+pub trait RetryThrottle: fmt::Debug + Send + Sync {
+    /// A logical call started (a budget deposits here; the A6 bucket ignores it).
+    ///
+    /// The default does nothing.
+    fn on_call(&self) {}
+
+    /// A call succeeded (A6: tokens += tokenRatio, capped at maxTokens).
+    fn on_success(&self);
+
+    /// An attempt failed in a way that counts (A6: tokens -= 1, floored at 0).
+    fn on_failure(&self);
+
+    /// May a retry or a hedge be sent now? (A6: tokens > maxTokens / 2.)
+    ///
+    /// A budget withdraws here, so call it only when an attempt would otherwise be sent.
+    fn allows_retry(&self) -> bool;
+}
+
+impl<T: RetryThrottle + ?Sized> RetryThrottle for Arc<T> {
+    fn on_call(&self) {
+        (**self).on_call();
+    }
+
+    fn on_success(&self) {
+        (**self).on_success();
+    }
+
+    fn on_failure(&self) {
+        (**self).on_failure();
+    }
+
+    fn allows_retry(&self) -> bool {
+        (**self).allows_retry()
+    }
+}
+
+/// The largest `maxTokens` gRFC A6 allows.
+pub const MAX_TOKENS_LIMIT: u32 = 1000;
+
+/// Thousandths per token: gRFC A6 keeps three decimal places of `tokenRatio`.
+const MILLI: u32 = 1000;
+
+/// The gRFC A6 token bucket.
+///
+/// Cheap to clone (an [`Arc`] inside); clones share the tokens, so one `Throttle` per server
+/// can be handed to every policy that talks to it. See the [module docs](self) for the rule.
+///
+/// ```
+/// use tower_retry_hedge::throttle::{RetryThrottle, Throttle};
+///
+/// let throttle = Throttle::new(4, 0.5)?;
+/// let clone = throttle.clone();
+/// clone.on_failure();
+/// clone.on_failure();
+/// assert_eq!(throttle.tokens(), 2.0);
+/// assert!(!throttle.allows_retry()); // 2 is not above 4 / 2
+/// # Ok::<(), tower_retry_hedge::throttle::ThrottleError>(())
+/// ```
+#[derive(Clone)]
+pub struct Throttle {
+    bucket: Arc<Bucket>,
+}
+
+struct Bucket {
+    /// Current tokens in thousandths, always within `[0, max_milli]`.
+    tokens_milli: AtomicU32,
+    max_tokens: u32,
+    /// `max_tokens * 1000`, at most 1,000,000: doubling it cannot overflow a `u32`.
+    max_milli: u32,
+    /// The truncated ratio in thousandths, in `[1, max_milli]`.
+    ratio_milli: u32,
+}
+
+impl Throttle {
+    /// A full bucket of `max_tokens` tokens that earns `token_ratio` per success.
+    ///
+    /// Validation follows gRFC A6:
+    ///
+    /// - `max_tokens` must be in `(0, 1000]`;
+    /// - `token_ratio` must be finite and greater than 0. Digits past the third decimal are
+    ///   dropped, as in gRPC (`0.5009` acts as `0.5`), so a ratio that truncates to `0.000`
+    ///   (such as `0.0009`) is an error.
+    ///
+    /// A ratio above `max_tokens` is accepted, as gRFC A6 sets no upper bound and grpc-go,
+    /// grpc-java and gRPC C-core all accept one; it behaves exactly like `max_tokens` (one
+    /// success refills the bucket), and is stored and reported as `max_tokens`.
+    ///
+    /// ```
+    /// use tower_retry_hedge::throttle::{Throttle, ThrottleError};
+    ///
+    /// let throttle = Throttle::new(10, 0.5466)?;
+    /// assert_eq!(throttle.token_ratio_milli(), 546);
+    ///
+    /// assert!(matches!(Throttle::new(0, 0.1), Err(ThrottleError::MaxTokensOutOfRange { .. })));
+    /// assert!(matches!(Throttle::new(10, 0.0009), Err(ThrottleError::TokenRatioRoundsToZero { .. })));
+    /// # Ok::<(), ThrottleError>(())
+    /// ```
+    pub fn new(max_tokens: u32, token_ratio: f64) -> Result<Throttle, ThrottleError> {
+        let (max_milli, ratio_milli) = validate(max_tokens, token_ratio)?;
+        Ok(Throttle {
+            bucket: Arc::new(Bucket {
+                tokens_milli: AtomicU32::new(max_milli),
+                max_tokens,
+                max_milli,
+                ratio_milli,
+            }),
+        })
+    }
+
+    /// `maxTokens`: the capacity of the bucket, and the number of tokens it starts with.
+    pub fn max_tokens(&self) -> u32 {
+        self.bucket.max_tokens
+    }
+
+    /// `tokenRatio` in thousandths, after truncation (and the cap at `max_tokens`).
+    pub fn token_ratio_milli(&self) -> u32 {
+        self.bucket.ratio_milli
+    }
+
+    /// `tokenRatio` as applied, after truncation (and the cap at `max_tokens`).
+    pub fn token_ratio(&self) -> f64 {
+        f64::from(self.bucket.ratio_milli) / f64::from(MILLI)
+    }
+
+    /// The tokens in the bucket now.
+    pub fn tokens(&self) -> f64 {
+        f64::from(self.tokens_milli()) / f64::from(MILLI)
+    }
+
+    /// The tokens in the bucket now, in thousandths.
+    pub fn tokens_milli(&self) -> u32 {
+        // Relaxed suffices: the bucket is one independent counter that orders nothing else.
+        self.bucket.tokens_milli.load(Ordering::Relaxed)
+    }
+}
+
+impl RetryThrottle for Throttle {
+    fn on_success(&self) {
+        let Bucket {
+            max_milli,
+            ratio_milli,
+            ..
+        } = *self.bucket;
+        // `None` (already full) skips the write; the result only says whether one happened.
+        let _ =
+            self.bucket
+                .tokens_milli
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |tokens| {
+                    (tokens < max_milli).then(|| tokens.saturating_add(ratio_milli).min(max_milli))
+                });
+    }
+
+    fn on_failure(&self) {
+        let _ =
+            self.bucket
+                .tokens_milli
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |tokens| {
+                    (tokens > 0).then(|| tokens.saturating_sub(MILLI))
+                });
+    }
+
+    fn allows_retry(&self) -> bool {
+        // Strictly above half: `max_milli <= 1_000_000`, so doubling cannot overflow.
+        self.tokens_milli().saturating_mul(2) > self.bucket.max_milli
+    }
+}
+
+impl fmt::Debug for Throttle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Throttle")
+            .field("max_tokens", &self.max_tokens())
+            .field("token_ratio", &self.token_ratio())
+            .field("tokens", &self.tokens())
+            .finish()
+    }
+}
+
+fn validate(max_tokens: u32, token_ratio: f64) -> Result<(u32, u32), ThrottleError> {
+    if max_tokens == 0 || max_tokens > MAX_TOKENS_LIMIT {
+        return Err(ThrottleError::MaxTokensOutOfRange { max_tokens });
+    }
+    if !token_ratio.is_finite() {
+        return Err(ThrottleError::TokenRatioNotFinite);
+    }
+    if token_ratio <= 0.0 {
+        return Err(ThrottleError::TokenRatioNotPositive { token_ratio });
+    }
+    let max_milli = max_tokens * MILLI;
+    let ratio_milli = truncate_to_milli(token_ratio).min(max_milli);
+    if ratio_milli == 0 {
+        return Err(ThrottleError::TokenRatioRoundsToZero { token_ratio });
+    }
+    Ok((max_milli, ratio_milli))
+}
+
+/// Truncates a positive finite `value` to thousandths, saturating at `u32::MAX`.
+///
+/// `floor(value * 1000.0)` would be wrong for ratios such as `0.57`, whose nearest `f64`
+/// times 1000 is `569.999…`. gRPC truncates the decimal text of the JSON number instead;
+/// the shortest decimal that round-trips to the same `f64` (what `Display` prints, never in
+/// exponent form) is that text, so its digits are read here as they are formatted, with
+/// no allocation.
+fn truncate_to_milli(value: f64) -> u32 {
+    use fmt::Write as _;
+
+    #[derive(Default)]
+    struct Milli {
+        whole: u32,
+        fraction: u32,
+        fraction_digits: u32,
+        after_point: bool,
+    }
+
+    impl fmt::Write for Milli {
+        fn write_str(&mut self, s: &str) -> fmt::Result {
+            for byte in s.bytes() {
+                match byte {
+                    b'.' => self.after_point = true,
+                    b'0'..=b'9' if !self.after_point => {
+                        self.whole = self
+                            .whole
+                            .saturating_mul(10)
+                            .saturating_add(u32::from(byte - b'0'));
+                    }
+                    b'0'..=b'9' if self.fraction_digits < 3 => {
+                        self.fraction = self.fraction * 10 + u32::from(byte - b'0');
+                        self.fraction_digits += 1;
+                    }
+                    _ => {}
+                }
+            }
+            Ok(())
+        }
+    }
+
+    let mut milli = Milli::default();
+    // Writing into `Milli` cannot fail.
+    let _ = write!(milli, "{value}");
+    let scale = 10u32.pow(3 - milli.fraction_digits);
+    milli
+        .whole
+        .saturating_mul(MILLI)
+        .saturating_add(milli.fraction * scale)
+}
+
+/// The error of building a [`Throttle`] or a [`ThrottleRegistry`] from invalid settings.
+///
+/// ```
+/// use tower_retry_hedge::throttle::Throttle;
+///
+/// let err = Throttle::new(1001, 0.1).unwrap_err();
+/// assert_eq!(err.to_string(), "maxTokens must be an integer in (0, 1000], got 1001");
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum ThrottleError {
+    /// `maxTokens` was 0 or above 1000.
+    MaxTokensOutOfRange {
+        /// The value given.
+        max_tokens: u32,
+    },
+    /// `tokenRatio` was NaN or infinite.
+    TokenRatioNotFinite,
+    /// `tokenRatio` was zero or negative.
+    TokenRatioNotPositive {
+        /// The value given.
+        token_ratio: f64,
+    },
+    /// `tokenRatio` is positive but below 0.001, so it is 0 once truncated to three decimals.
+    TokenRatioRoundsToZero {
+        /// The value given.
+        token_ratio: f64,
+    },
+}
+
+impl fmt::Display for ThrottleError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ThrottleError::MaxTokensOutOfRange { max_tokens } => write!(
+                f,
+                "maxTokens must be an integer in (0, {MAX_TOKENS_LIMIT}], got {max_tokens}"
+            ),
+            ThrottleError::TokenRatioNotFinite => {
+                f.write_str("tokenRatio must be a finite number greater than 0")
+            }
+            ThrottleError::TokenRatioNotPositive { token_ratio } => {
+                write!(f, "tokenRatio must be greater than 0, got {token_ratio}")
+            }
+            ThrottleError::TokenRatioRoundsToZero { token_ratio } => write!(
+                f,
+                "tokenRatio {token_ratio} rounds to zero: digits past the third decimal are dropped"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ThrottleError {}
+
+/// How many authorities a [`ThrottleRegistry`] gives their own bucket by default.
+pub const DEFAULT_MAX_AUTHORITIES: usize = 4096;
+
+/// Authorities longer than this share the overflow bucket: no DNS name (253 bytes) with a
+/// port, nor any IP literal, is this long, and it bounds what one entry can cost.
+pub const MAX_AUTHORITY_LEN: usize = 512;
+
+/// One shared [`Throttle`] per authority (`host:port`), for clients that talk to many hosts.
+///
+/// gRFC A6 throttles per server name. Authorities are compared ASCII case-insensitively
+/// (`API.example.com:443` is `api.example.com:443`); nothing else is normalised, so
+/// `example.com` and `example.com:443` are different keys: pass authorities in one form.
+///
+/// # Bounded growth
+///
+/// Authorities may come from untrusted input (redirects, user-supplied URLs), so the number
+/// of buckets is capped ([`DEFAULT_MAX_AUTHORITIES`], or
+/// [`with_max_authorities`](ThrottleRegistry::with_max_authorities)). Once the cap is
+/// reached, every new authority, and every authority longer than [`MAX_AUTHORITY_LEN`],
+/// shares one overflow bucket. Existing buckets are never evicted: evicting one would hand
+/// its host a full bucket again, so a flood of names could reset the throttle of a failing
+/// server. Sharing errs the other way: failures of one overflow host can only hold back
+/// retries to the others, never allow more.
+///
+/// The map sits behind a lock, taken for reading on every [`get`](ThrottleRegistry::get):
+/// look a throttle up once per call or per connection, not per attempt. The throttles
+/// themselves are lock-free.
+///
+/// ```
+/// use tower_retry_hedge::throttle::{RetryThrottle, ThrottleRegistry};
+///
+/// let registry = ThrottleRegistry::new(10, 0.1)?.with_max_authorities(2);
+/// registry.get("a.test:443");
+/// registry.get("b.test:443");
+/// let c = registry.get("c.test:443"); // past the cap: the overflow bucket
+/// let d = registry.get("d.test:443"); // shares it
+/// c.on_failure();
+/// assert_eq!(d.tokens(), 9.0);
+/// assert_eq!(registry.len(), 2);
+/// # Ok::<(), tower_retry_hedge::throttle::ThrottleError>(())
+/// ```
+#[derive(Clone)]
+pub struct ThrottleRegistry {
+    shared: Arc<Registry>,
+}
+
+struct Registry {
+    max_authorities: usize,
+    buckets: RwLock<HashMap<String, Throttle>>,
+    overflow: Throttle,
+}
+
+impl ThrottleRegistry {
+    /// A registry whose buckets each hold `max_tokens` and earn `token_ratio` per success,
+    /// validated as in [`Throttle::new`].
+    pub fn new(max_tokens: u32, token_ratio: f64) -> Result<Self, ThrottleError> {
+        let overflow = Throttle::new(max_tokens, token_ratio)?;
+        Ok(ThrottleRegistry {
+            shared: Arc::new(Registry {
+                max_authorities: DEFAULT_MAX_AUTHORITIES,
+                buckets: RwLock::new(HashMap::new()),
+                overflow,
+            }),
+        })
+    }
+
+    /// Sets how many authorities get a bucket of their own (default
+    /// [`DEFAULT_MAX_AUTHORITIES`]); `0` sends every authority to the overflow bucket.
+    ///
+    /// Meant for building: the registry returned is a new, empty one, not shared with
+    /// clones of `self`.
+    #[must_use]
+    pub fn with_max_authorities(self, max_authorities: usize) -> Self {
+        ThrottleRegistry {
+            shared: Arc::new(Registry {
+                max_authorities,
+                buckets: RwLock::new(HashMap::new()),
+                overflow: self.shared.overflow.fresh(),
+            }),
+        }
+    }
+
+    /// The throttle for `authority`: the same shared bucket every time for the same
+    /// authority (ASCII case-insensitively), or the overflow bucket past the cap.
+    pub fn get(&self, authority: &str) -> Throttle {
+        let registry = &*self.shared;
+        if authority.len() > MAX_AUTHORITY_LEN {
+            return registry.overflow.clone();
+        }
+        let key = if authority.bytes().any(|b| b.is_ascii_uppercase()) {
+            Cow::Owned(authority.to_ascii_lowercase())
+        } else {
+            Cow::Borrowed(authority)
+        };
+
+        // A panic elsewhere while a lock was held cannot leave the map inconsistent (every
+        // update is one insert), so a poisoned lock is used as it is.
+        let buckets = registry
+            .buckets
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(throttle) = buckets.get(key.as_ref()) {
+            return throttle.clone();
+        }
+        drop(buckets);
+
+        let mut buckets = registry
+            .buckets
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(throttle) = buckets.get(key.as_ref()) {
+            return throttle.clone();
+        }
+        if buckets.len() >= registry.max_authorities {
+            return registry.overflow.clone();
+        }
+        let throttle = registry.overflow.fresh();
+        buckets.insert(key.into_owned(), throttle.clone());
+        throttle
+    }
+
+    /// The number of authorities with a bucket of their own (the overflow bucket is not
+    /// counted); never more than the cap.
+    pub fn len(&self) -> usize {
+        self.shared
+            .buckets
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+
+    /// Whether no authority has a bucket of its own yet.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// How many authorities may get a bucket of their own.
+    pub fn max_authorities(&self) -> usize {
+        self.shared.max_authorities
+    }
+}
+
+impl Throttle {
+    /// A new, full bucket with the same settings.
+    fn fresh(&self) -> Throttle {
+        let Bucket {
+            max_tokens,
+            max_milli,
+            ratio_milli,
+            ..
+        } = *self.bucket;
+        Throttle {
+            bucket: Arc::new(Bucket {
+                tokens_milli: AtomicU32::new(max_milli),
+                max_tokens,
+                max_milli,
+                ratio_milli,
+            }),
+        }
+    }
+}
+
+impl fmt::Debug for ThrottleRegistry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ThrottleRegistry")
+            .field("max_tokens", &self.shared.overflow.max_tokens())
+            .field("token_ratio", &self.shared.overflow.token_ratio())
+            .field("authorities", &self.len())
+            .field("max_authorities", &self.shared.max_authorities)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Plays one call with `max_attempts` whose every attempt fails, as the retry layer
+    /// does: the first attempt is always sent; after each failure the throttle is debited,
+    /// then a retry is made only if it allows one and attempts remain. Returns the attempts.
+    fn failing_call(throttle: &impl RetryThrottle, max_attempts: u32) -> u32 {
+        throttle.on_call();
+        let mut attempts = 1;
+        loop {
+            throttle.on_failure();
+            if attempts < max_attempts && throttle.allows_retry() {
+                attempts += 1;
+            } else {
+                return attempts;
+            }
+        }
+    }
+
+    #[test]
+    fn failing_calls_make_3_2_1_then_1_attempts() {
+        let throttle = Throttle::new(10, 0.1).unwrap();
+        assert_eq!(failing_call(&throttle, 3), 3);
+        assert_eq!(throttle.tokens_milli(), 7_000);
+        assert_eq!(failing_call(&throttle, 3), 2);
+        assert_eq!(throttle.tokens_milli(), 5_000);
+        for expected in [4_000, 3_000, 2_000, 1_000, 0, 0, 0] {
+            assert_eq!(failing_call(&throttle, 3), 1);
+            assert_eq!(throttle.tokens_milli(), expected);
+        }
+    }
+
+    #[test]
+    fn sixty_one_successes_reopen_a_drained_bucket() {
+        let throttle = Throttle::new(10, 0.1).unwrap();
+        for _ in 0..20 {
+            throttle.on_failure();
+        }
+        assert_eq!(throttle.tokens_milli(), 0);
+        for _ in 0..60 {
+            throttle.on_success();
+        }
+        assert_eq!(throttle.tokens_milli(), 6_000);
+        assert_eq!(failing_call(&throttle.fresh_copy(), 3), 1);
+
+        throttle.on_success();
+        assert_eq!(throttle.tokens_milli(), 6_100);
+        assert_eq!(failing_call(&throttle, 3), 2);
+    }
+
+    impl Throttle {
+        fn same_bucket(&self, other: &Throttle) -> bool {
+            Arc::ptr_eq(&self.bucket, &other.bucket)
+        }
+
+        /// A separate bucket with the same settings and the same tokens.
+        fn fresh_copy(&self) -> Throttle {
+            let copy = self.fresh();
+            copy.bucket
+                .tokens_milli
+                .store(self.tokens_milli(), Ordering::Relaxed);
+            copy
+        }
+    }
+
+    impl ThrottleRegistry {
+        fn is_overflow(&self, throttle: &Throttle) -> bool {
+            throttle.same_bucket(&self.shared.overflow)
+        }
+    }
+
+    #[test]
+    fn tokens_stay_within_bounds() {
+        let throttle = Throttle::new(3, 0.7).unwrap();
+        for _ in 0..10 {
+            throttle.on_success();
+        }
+        assert_eq!(throttle.tokens_milli(), 3_000);
+        throttle.on_failure();
+        throttle.on_success();
+        assert_eq!(throttle.tokens_milli(), 2_700);
+        for _ in 0..10 {
+            throttle.on_failure();
+        }
+        assert_eq!(throttle.tokens_milli(), 0);
+        throttle.on_success();
+        assert_eq!(throttle.tokens_milli(), 700);
+    }
+
+    #[test]
+    fn threshold_is_strictly_above_half() {
+        // Odd maxTokens: the threshold is 1.5 tokens.
+        let throttle = Throttle::new(3, 0.5).unwrap();
+        throttle.on_failure(); // 2.0
+        assert!(throttle.allows_retry());
+        throttle.on_failure(); // 1.0
+        assert!(!throttle.allows_retry());
+        throttle.on_success(); // 1.5
+        assert!(!throttle.allows_retry());
+        throttle.on_success(); // 2.0
+        assert!(throttle.allows_retry());
+
+        let one = Throttle::new(1, 0.001).unwrap();
+        assert!(one.allows_retry());
+        one.on_failure();
+        for _ in 0..500 {
+            one.on_success();
+        }
+        assert_eq!(one.tokens_milli(), 500);
+        assert!(!one.allows_retry());
+        one.on_success();
+        assert!(one.allows_retry());
+    }
+
+    #[test]
+    fn ratio_truncates_to_three_decimals() {
+        let cases = [
+            (0.5009, 500),
+            (0.5466, 546),
+            (0.1, 100),
+            (0.57, 570),
+            (0.29, 290),
+            (1.0, 1_000),
+            (0.001, 1),
+            (0.0019, 1),
+            (2.5, 2_500),
+            (9.999_999, 9_999),
+        ];
+        for (ratio, milli) in cases {
+            let throttle = Throttle::new(10, ratio).unwrap();
+            assert_eq!(throttle.token_ratio_milli(), milli, "{ratio}");
+        }
+        assert_eq!(Throttle::new(10, 0.5009).unwrap().token_ratio(), 0.5);
+    }
+
+    #[test]
+    fn truncation_reads_the_shortest_decimal() {
+        // Every ratio with at most three decimals survives the f64 round trip exactly.
+        for milli in 1..=20_000u32 {
+            let ratio = f64::from(milli) / 1000.0;
+            assert_eq!(truncate_to_milli(ratio), milli, "{ratio}");
+        }
+        assert_eq!(truncate_to_milli(1e-7), 0);
+        assert_eq!(truncate_to_milli(1e300), u32::MAX);
+        assert_eq!(truncate_to_milli(f64::MAX), u32::MAX);
+        assert_eq!(truncate_to_milli(4_294_967.295), u32::MAX);
+        assert_eq!(truncate_to_milli(4_294_967.294_9), 4_294_967_294);
+    }
+
+    #[test]
+    fn ratio_above_max_tokens_is_capped() {
+        let throttle = Throttle::new(10, 1e9).unwrap();
+        assert_eq!(throttle.token_ratio_milli(), 10_000);
+        assert_eq!(throttle.token_ratio(), 10.0);
+        for _ in 0..10 {
+            throttle.on_failure();
+        }
+        throttle.on_success();
+        assert_eq!(throttle.tokens_milli(), 10_000);
+        assert!(Throttle::new(1000, f64::MAX).is_ok());
+    }
+
+    #[test]
+    fn invalid_settings_are_rejected() {
+        assert_eq!(
+            Throttle::new(0, 0.1).unwrap_err(),
+            ThrottleError::MaxTokensOutOfRange { max_tokens: 0 }
+        );
+        assert_eq!(
+            Throttle::new(1001, 0.1).unwrap_err(),
+            ThrottleError::MaxTokensOutOfRange { max_tokens: 1001 }
+        );
+        assert!(Throttle::new(1, 0.1).is_ok());
+        assert!(Throttle::new(1000, 0.1).is_ok());
+        for ratio in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+            assert_eq!(
+                Throttle::new(10, ratio).unwrap_err(),
+                ThrottleError::TokenRatioNotFinite
+            );
+        }
+        for ratio in [0.0, -0.0, -0.1, -1e300, f64::MIN] {
+            assert!(matches!(
+                Throttle::new(10, ratio),
+                Err(ThrottleError::TokenRatioNotPositive { .. })
+            ));
+        }
+        for ratio in [0.0009, 1e-300, f64::MIN_POSITIVE, 5e-324] {
+            assert!(matches!(
+                Throttle::new(10, ratio),
+                Err(ThrottleError::TokenRatioRoundsToZero { .. })
+            ));
+        }
+    }
+
+    #[test]
+    fn errors_name_the_field_and_the_rule() {
+        let messages = [
+            (
+                Throttle::new(0, 0.1).unwrap_err(),
+                "maxTokens must be an integer in (0, 1000], got 0",
+            ),
+            (
+                Throttle::new(10, f64::NAN).unwrap_err(),
+                "tokenRatio must be a finite number greater than 0",
+            ),
+            (
+                Throttle::new(10, -1.5).unwrap_err(),
+                "tokenRatio must be greater than 0, got -1.5",
+            ),
+            (
+                Throttle::new(10, 0.0009).unwrap_err(),
+                "tokenRatio 0.0009 rounds to zero: digits past the third decimal are dropped",
+            ),
+        ];
+        for (err, message) in messages {
+            assert_eq!(err.to_string(), message);
+        }
+    }
+
+    #[test]
+    fn debug_shows_the_state() {
+        let throttle = Throttle::new(10, 0.1).unwrap();
+        throttle.on_failure();
+        assert_eq!(
+            format!("{throttle:?}"),
+            "Throttle { max_tokens: 10, token_ratio: 0.1, tokens: 9.0 }"
+        );
+    }
+
+    #[test]
+    fn arc_dyn_throttle_forwards() {
+        let throttle = Throttle::new(10, 0.1).unwrap();
+        let shared: Arc<dyn RetryThrottle> = Arc::new(throttle.clone());
+        assert_eq!(failing_call(&shared, 3), 3);
+        shared.on_success();
+        assert_eq!(throttle.tokens_milli(), 7_100);
+    }
+
+    #[test]
+    fn registry_keys_ignore_ascii_case_only() {
+        let registry = ThrottleRegistry::new(10, 0.1).unwrap();
+        assert!(registry.is_empty());
+        let a = registry.get("Example.COM:443");
+        assert!(a.same_bucket(&registry.get("example.com:443")));
+        assert!(!a.same_bucket(&registry.get("example.com")));
+        assert!(!a.same_bucket(&registry.get("example.com:8443")));
+        assert_eq!(registry.len(), 3);
+        assert!(!registry.is_overflow(&a));
+    }
+
+    #[test]
+    fn registry_overflow_past_the_cap() {
+        let registry = ThrottleRegistry::new(10, 0.1)
+            .unwrap()
+            .with_max_authorities(3);
+        let kept: Vec<_> = (0..3).map(|i| registry.get(&format!("h{i}:1"))).collect();
+        let late = registry.get("late:1");
+        assert!(registry.is_overflow(&late));
+        assert!(registry.is_overflow(&registry.get("later:1")));
+        // Hosts admitted before the cap keep their own buckets.
+        for (i, throttle) in kept.iter().enumerate() {
+            assert!(throttle.same_bucket(&registry.get(&format!("H{i}:1"))));
+            assert!(!registry.is_overflow(throttle));
+        }
+        assert_eq!(registry.len(), 3);
+
+        let long = "a".repeat(MAX_AUTHORITY_LEN + 1);
+        let fresh = ThrottleRegistry::new(10, 0.1).unwrap();
+        assert!(fresh.is_overflow(&fresh.get(&long)));
+        assert!(fresh.is_empty());
+        assert!(!fresh.is_overflow(&fresh.get(&long[..MAX_AUTHORITY_LEN])));
+
+        let none = ThrottleRegistry::new(10, 0.1)
+            .unwrap()
+            .with_max_authorities(0);
+        assert!(none.is_overflow(&none.get("a:1")));
+        assert!(none.is_empty());
+    }
+
+    #[test]
+    fn registry_buckets_use_the_settings() {
+        let registry = ThrottleRegistry::new(7, 0.3333).unwrap();
+        let throttle = registry.get("a:1");
+        assert_eq!(throttle.max_tokens(), 7);
+        assert_eq!(throttle.token_ratio_milli(), 333);
+        assert_eq!(throttle.tokens_milli(), 7_000);
+        assert!(matches!(
+            ThrottleRegistry::new(10, 0.0),
+            Err(ThrottleError::TokenRatioNotPositive { .. })
+        ));
+        assert_eq!(
+            format!("{registry:?}"),
+            "ThrottleRegistry { max_tokens: 7, token_ratio: 0.333, authorities: 1, max_authorities: 4096 }"
+        );
+    }
+}
