@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use crate::body::{BufferLimits, Copies, Replay};
 use crate::grpc_timeout;
-use crate::metadata::{AttemptInfo, GRPC_PREVIOUS_RPC_ATTEMPTS};
+use crate::metadata::{AttemptInfo, Attempts, GRPC_PREVIOUS_RPC_ATTEMPTS, TriedBackends};
 
 /// Whether a request is a gRPC call: its content type is `application/grpc` or
 /// `application/grpc+<codec>`.
@@ -39,6 +39,8 @@ pub(crate) struct Call<B: Replay> {
     pub(crate) grpc: bool,
     /// Attempts sent so far, of every kind.
     pub(crate) sent: u32,
+    /// Hedged calls share the list of backends used with every attempt.
+    tried: Option<TriedBackends>,
 }
 
 impl<B: Replay> Call<B> {
@@ -71,6 +73,7 @@ impl<B: Replay> Call<B> {
             deadline,
             grpc,
             sent: 0,
+            tried: hedge.then(TriedBackends::default),
         };
         let first = call.attempt(first, hedge);
         (call, first, reader)
@@ -145,6 +148,35 @@ impl<B: Replay> Call<B> {
                 hedge,
             });
         }
+        if let Some(tried) = &self.tried {
+            parts.extensions.insert(tried.clone());
+        }
         Request::from_parts(parts, body)
     }
+}
+
+/// Marks a response with the attempts its call made: an [`Attempts`] extension, and for gRPC
+/// responses after more than one attempt, `grpc-previous-rpc-attempts`.
+pub(crate) fn annotate<RB>(
+    mut response: http::Response<RB>,
+    sent: u32,
+    transparent: u32,
+    grpc: bool,
+) -> http::Response<RB> {
+    if grpc && sent > 1 {
+        response
+            .headers_mut()
+            .insert(GRPC_PREVIOUS_RPC_ATTEMPTS, HeaderValue::from(sent - 1));
+    }
+    response
+        .extensions_mut()
+        .insert(Attempts::new(sent, transparent));
+    response
+}
+
+/// The error for a call that must end with no attempt result left to return. The engines
+/// keep the last failure whenever no attempt is in flight, so this is never expected; it
+/// stands in for a panic.
+pub(crate) fn no_result() -> crate::BoxError {
+    "no attempt result left to return (request body could not be replayed)".into()
 }

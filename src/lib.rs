@@ -17,6 +17,8 @@ pub mod classify;
 pub mod config;
 pub mod error;
 pub mod grpc_timeout;
+pub mod hedge;
+pub mod latency;
 pub mod metadata;
 pub mod policy;
 pub mod pushback;
@@ -26,6 +28,7 @@ pub mod throttle;
 
 pub use body::BufferLimits;
 pub use policy::{HedgePolicy, MethodPolicy, Policies, RetryPolicy};
+pub use hedge::{Hedge, HedgeLayer};
 pub use retry::{Retry, RetryLayer};
 pub use throttle::Throttle;
 

@@ -2,7 +2,9 @@
 //!
 //! - Requests: every attempt after the first carries `grpc-previous-rpc-attempts: N` (gRPC
 //!   requests), and gRPC attempts carry the call's *remaining* time in `grpc-timeout`.
-//!   Each attempt also carries an [`AttemptInfo`] extension.
+//!   Every retry and every hedge carries an [`AttemptInfo`] extension (the first attempt of
+//!   a retried call carries none, so the success path allocates nothing for it), and every
+//!   hedged attempt a shared [`TriedBackends`] list for the load balancer.
 //! - Responses: an [`Attempts`] extension on every response from a call with a policy; gRPC
 //!   responses from a call that took more than one attempt also carry
 //!   `grpc-previous-rpc-attempts` in their headers, which tonic exposes as response metadata.
@@ -64,4 +66,50 @@ pub struct AttemptInfo {
     /// Whether it was sent as a hedge (in parallel with earlier attempts) rather than after
     /// the previous attempt failed.
     pub hedge: bool,
+}
+
+/// The maximum number of backends a [`TriedBackends`] list keeps.
+pub const MAX_TRIED_BACKENDS: usize = 16;
+
+/// The backends a hedged call has already used: a request extension on every hedged attempt.
+///
+/// gRFC A6 asks that hedges go to distinct backends where possible. The layer cannot know
+/// which backend an attempt reaches, so the list is shared by all attempts of a call: a load
+/// balancer under the layer records the backend it picks for each attempt, and avoids the
+/// ones already listed when it picks for a later hedge.
+///
+/// ```
+/// use tower_retry_hedge::metadata::TriedBackends;
+///
+/// let tried = TriedBackends::default();
+/// let seen_by_a_later_hedge = tried.clone();
+/// tried.record("10.0.0.1:443");
+/// assert!(seen_by_a_later_hedge.contains("10.0.0.1:443"));
+/// assert_eq!(seen_by_a_later_hedge.list(), vec!["10.0.0.1:443".to_string()]);
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct TriedBackends(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+impl TriedBackends {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<String>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records a backend; past [`MAX_TRIED_BACKENDS`] entries, further ones are dropped.
+    pub fn record(&self, backend: impl Into<String>) {
+        let mut list = self.lock();
+        if list.len() < MAX_TRIED_BACKENDS {
+            list.push(backend.into());
+        }
+    }
+
+    /// Whether the call has used this backend.
+    pub fn contains(&self, backend: &str) -> bool {
+        self.lock().iter().any(|b| b == backend)
+    }
+
+    /// The backends used so far, in order.
+    pub fn list(&self) -> Vec<String> {
+        self.lock().clone()
+    }
 }

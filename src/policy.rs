@@ -58,6 +58,7 @@ use http::{Method, Request};
 use crate::backoff::{Backoff, Exponential};
 use crate::body::BufferLimits;
 use crate::classify::{Classify, Code, GrpcCodes};
+use crate::latency::AdaptiveDelay;
 use crate::stats::Stats;
 use crate::throttle::{RetryThrottle, ThrottleRegistry};
 
@@ -241,11 +242,37 @@ impl RetryPolicyBuilder {
     }
 }
 
+/// The delay between hedges: fixed (A6's `hedgingDelay`) or following a latency percentile.
+#[derive(Debug, Clone)]
+pub enum HedgeDelay {
+    /// The same delay for every call; zero sends every attempt at once.
+    Fixed(Duration),
+    /// A percentile of recent latencies, clamped: see [`AdaptiveDelay`].
+    Adaptive(AdaptiveDelay),
+}
+
+impl HedgeDelay {
+    /// The delay for a call starting now.
+    pub fn current(&self) -> Duration {
+        match self {
+            HedgeDelay::Fixed(delay) => *delay,
+            HedgeDelay::Adaptive(adaptive) => adaptive.current(),
+        }
+    }
+
+    /// Feeds the latency of a successful attempt to an adaptive delay.
+    pub(crate) fn record(&self, latency: Duration) {
+        if let HedgeDelay::Adaptive(adaptive) = self {
+            adaptive.record(latency);
+        }
+    }
+}
+
 /// How a method is hedged: gRFC A6's `hedgingPolicy`, and an adaptive delay beyond it.
 #[derive(Clone)]
 pub struct HedgePolicy {
     pub(crate) max_attempts: u32,
-    pub(crate) delay: Duration,
+    pub(crate) delay: HedgeDelay,
     pub(crate) classifier: Arc<dyn Classify>,
     pub(crate) timeout: Option<Duration>,
 }
@@ -265,7 +292,7 @@ impl HedgePolicy {
     pub fn builder() -> HedgePolicyBuilder {
         HedgePolicyBuilder {
             max_attempts: 2,
-            delay: Duration::ZERO,
+            delay: HedgeDelay::Fixed(Duration::ZERO),
             classifier: None,
             timeout: None,
         }
@@ -276,9 +303,9 @@ impl HedgePolicy {
         self.max_attempts
     }
 
-    /// The fixed delay between hedges.
-    pub fn delay(&self) -> Duration {
-        self.delay
+    /// The delay between hedges.
+    pub fn delay(&self) -> &HedgeDelay {
+        &self.delay
     }
 
     /// The call timeout used when a request carries no `grpc-timeout`.
@@ -290,7 +317,7 @@ impl HedgePolicy {
 /// Builds a [`HedgePolicy`].
 pub struct HedgePolicyBuilder {
     max_attempts: u32,
-    delay: Duration,
+    delay: HedgeDelay,
     classifier: Option<Arc<dyn Classify>>,
     timeout: Option<Duration>,
 }
@@ -311,9 +338,16 @@ impl HedgePolicyBuilder {
         self
     }
 
-    /// The delay between hedges; zero sends every attempt at once.
+    /// A fixed delay between hedges; zero sends every attempt at once.
     pub fn delay(mut self, delay: Duration) -> Self {
-        self.delay = delay;
+        self.delay = HedgeDelay::Fixed(delay);
+        self
+    }
+
+    /// A delay that follows a latency percentile of recent successful attempts, clamped,
+    /// with a fixed fallback until enough samples are in (beyond A6).
+    pub fn adaptive_delay(mut self, delay: AdaptiveDelay) -> Self {
+        self.delay = HedgeDelay::Adaptive(delay);
         self
     }
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
-use http::{HeaderValue, Request, Response};
+use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep, sleep, sleep_until};
 use tower_service::Service;
@@ -14,10 +14,9 @@ use tower_service::Service;
 use crate::BoxError;
 use crate::backoff::Step;
 use crate::body::Replay;
-use crate::call::Call;
+use crate::call::{Call, annotate, no_result};
 use crate::classify::{AttemptResult, Outcome, grpc_status};
 use crate::error::deadline_exceeded;
-use crate::metadata::{Attempts, GRPC_PREVIOUS_RPC_ATTEMPTS};
 use crate::policy::RetryPolicy;
 use crate::pushback::Pushback;
 use crate::stats::{MethodStats, Stats};
@@ -300,7 +299,7 @@ where
                         // to what the last attempt got.
                         tracing::debug!("committed: body cannot be replayed");
                         let sent = this.call.sent;
-                        let last = this.last.take().unwrap_or_else(|| Err(not_replayable()));
+                        let last = this.last.take().unwrap_or_else(|| Err(no_result()));
                         return Poll::Ready(
                             last.map(|r| annotate(r, sent, *this.transparent, this.call.grpc)),
                         );
@@ -472,22 +471,4 @@ fn gate_idempotency<B: Replay>(outcome: Outcome, policy: &RetryPolicy, call: &Ca
         }
         other => other,
     }
-}
-
-/// Marks a response with the attempts its call made.
-fn annotate<RB>(mut response: Response<RB>, sent: u32, transparent: u32, grpc: bool) -> Response<RB> {
-    if grpc && sent > 1 {
-        response
-            .headers_mut()
-            .insert(GRPC_PREVIOUS_RPC_ATTEMPTS, HeaderValue::from(sent - 1));
-    }
-    response
-        .extensions_mut()
-        .insert(Attempts::new(sent, transparent));
-    response
-}
-
-/// The error for the (unexpected) case of a committed call with no failed attempt to return.
-fn not_replayable() -> BoxError {
-    "request body cannot be replayed and no attempt result is left to return".into()
 }

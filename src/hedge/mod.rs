@@ -1,0 +1,172 @@
+//! gRFC A6 hedging: several copies of a request in flight, the first good answer wins.
+//!
+//! [`Hedge`] looks up each request's policy in a [`Policies`] table; a request with no
+//! [`HedgePolicy`](crate::HedgePolicy) passes straight through. For the others:
+//!
+//! - Attempt 1 goes at once; another every hedging delay (zero: all at once), up to
+//!   `maxAttempts` (clamped to the client cap). With `maxAttempts` 4 and a 500 ms delay and no
+//!   answers, 1 attempt is outstanding at 1 ms, 2 at 501 ms, 3 at 1001 ms, 4 at 1501 ms.
+//! - The first success (or a response that commits the call) wins: every other attempt is
+//!   dropped, which cancels it (tonic and hyper reset the stream, so the server sees the
+//!   cancellation).
+//! - A non-fatal failure sends the next hedge at once, and later hedges resume at the delay
+//!   from then. A fatal failure cancels the rest and is returned.
+//! - Pushback "stop" on any attempt: no more hedges; those in flight go on. Pushback of
+//!   n ms: the next hedge after n ms, later ones at n + delay.
+//! - Every hedge after the first needs the throttle above half; a non-fatal failure debits
+//!   it, a success credits it. Throttled with nothing in flight: the failure is returned.
+//! - When the request body outgrows the buffer, the attempt that has sent the most goes on,
+//!   the others are cancelled, and no new hedge starts.
+//! - When all attempts failed non-fatally, the last failure is returned once all are done.
+//! - The deadline spans all attempts; attempts carry `grpc-previous-rpc-attempts` 1, 2, 3 …
+//!   after the first, an [`AttemptInfo`](crate::metadata::AttemptInfo) extension, and a
+//!   shared [`TriedBackends`](crate::metadata::TriedBackends) list for the load balancer.
+//!   Statistics count the first attempt as the original and the others as retries.
+//!
+//! Beyond A6, the delay can follow a latency percentile: see
+//! [`AdaptiveDelay`](crate::latency::AdaptiveDelay).
+//!
+//! # `poll_ready` and reserved capacity
+//!
+//! A hedge reserves nothing until it is sent: the future polls its own clone of the service
+//! ready only when a hedge is due, then calls it at once. The first attempt goes to the
+//! service that [`poll_ready`](tower_service::Service::poll_ready) made ready, as in
+//! [`Retry`](crate::Retry).
+//!
+//! # Examples
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//! use std::time::Duration;
+//! use bytes::Bytes;
+//! use http_body_util::Full;
+//! use tower::{service_fn, ServiceBuilder, ServiceExt};
+//! use tower_retry_hedge::classify::{Code, GrpcCodes};
+//! use tower_retry_hedge::metadata::Attempts;
+//! use tower_retry_hedge::{HedgeLayer, HedgePolicy, Policies};
+//!
+//! let policy = HedgePolicy::builder()
+//!     .max_attempts(3)
+//!     .delay(Duration::from_millis(10))
+//!     .non_fatal(GrpcCodes::from([Code::Unavailable]))
+//!     .build()?;
+//! let policies = Policies::builder().service("test.Echo", policy).build();
+//!
+//! // The first attempt is slow (1 s); the hedge sent at 10 ms answers in 2 ms.
+//! let calls = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+//! let server = service_fn(move |_req: http::Request<Full<Bytes>>| {
+//!     let n = calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+//!     async move {
+//!         let latency = if n == 0 { 1000 } else { 2 };
+//!         tokio::time::sleep(Duration::from_millis(latency)).await;
+//!         Ok::<_, std::convert::Infallible>(http::Response::new(n))
+//!     }
+//! });
+//! let svc = ServiceBuilder::new().layer(HedgeLayer::new(policies)).service(server);
+//! let started = tokio::time::Instant::now();
+//! let request = http::Request::post("/test.Echo/Unary")
+//!     .header("content-type", "application/grpc")
+//!     .body(Full::new(Bytes::from_static(b"hello")))?;
+//! let response = svc.oneshot(request).await?;
+//! assert_eq!(*response.body(), 1); // the hedge won
+//! assert_eq!(started.elapsed(), Duration::from_millis(12));
+//! assert_eq!(response.extensions().get::<Attempts>().unwrap().sent(), 2);
+//! # Ok(())
+//! # }
+//! ```
+
+mod future;
+mod layer;
+
+use std::task::{Context, Poll};
+
+use http::{Request, Response};
+use tower_service::Service;
+
+pub use self::future::ResponseFuture;
+use self::future::{Hedging, HedgingParts};
+pub use self::layer::HedgeLayer;
+use crate::BoxError;
+use crate::body::Replay;
+use crate::call::Call;
+use crate::policy::{MethodPolicy, Policies};
+
+/// Hedges requests by their method's [`HedgePolicy`](crate::HedgePolicy): see
+/// [the module docs](self).
+#[derive(Debug, Clone)]
+pub struct Hedge<S> {
+    inner: S,
+    policies: Policies,
+}
+
+impl<S> Hedge<S> {
+    /// Wraps `inner`.
+    pub fn new(inner: S, policies: Policies) -> Hedge<S> {
+        Hedge { inner, policies }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+
+    /// The policy table.
+    pub fn policies(&self) -> &Policies {
+        &self.policies
+    }
+}
+
+impl<S, B, RB> Service<Request<B>> for Hedge<S>
+where
+    S: Service<Request<B>, Response = Response<RB>> + Clone,
+    S::Error: Into<BoxError>,
+    B: Replay,
+{
+    type Response = Response<RB>;
+    type Error = BoxError;
+    type Future = ResponseFuture<S, B>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        let Some(MethodPolicy::Hedge(policy)) = self.policies.lookup_request(&request) else {
+            // No policy, or a retry policy: the retry layer (if any) owns the call.
+            return ResponseFuture::passthrough(self.inner.call(request));
+        };
+        let policy = policy.clone();
+        let throttle = self.policies.throttle_for(&request);
+        if let Some(throttle) = &throttle {
+            throttle.on_call();
+        }
+        let (call, first, reader) =
+            Call::start(request, self.policies.buffer_limits(), policy.timeout, true);
+        let clone = self.inner.clone();
+        let mut service = std::mem::replace(&mut self.inner, clone);
+        let future = service.call(first);
+        ResponseFuture::hedging(Hedging::new(
+            HedgingParts {
+                service,
+                call,
+                reader,
+                policy,
+                throttle,
+                max_attempts_cap: self.policies.max_attempts_cap(),
+                stats: self.policies.stats().clone(),
+            },
+            future,
+        ))
+    }
+}

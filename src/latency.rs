@@ -1,0 +1,354 @@
+//! A latency percentile over a sliding time window, for an adaptive hedging delay.
+//!
+//! A fixed hedging delay has to be chosen before anyone knows the service's latency, and
+//! stays wrong when the latency shifts. [`AdaptiveDelay`] follows a percentile (say p95) of
+//! recent successful attempts instead, clamped between a minimum and a maximum, and falls
+//! back to a fixed delay until it has seen enough samples.
+//!
+//! Samples land in a log-scaled histogram (8 buckets per power of two, so a reported value is
+//! within 9 % of the true one) kept in 10 time slots that rotate through the window: memory
+//! is fixed (about 9 KiB) whatever the call rate, and old samples age out a slot at a time.
+//! The percentile is recomputed at most once per slot, so a call pays for a lock and a read.
+//!
+//! Time is `tokio::time::Instant`, so behaviour can be tested on tokio's paused clock.
+//!
+//! # Examples
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower_retry_hedge::latency::AdaptiveDelay;
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let delay = AdaptiveDelay::builder()
+//!     .percentile(0.95)
+//!     .window(Duration::from_secs(10))
+//!     .bounds(Duration::from_millis(1), Duration::from_millis(50))
+//!     .min_samples(100)
+//!     .fallback(Duration::from_millis(10))
+//!     .build()?;
+//! assert_eq!(delay.current(), Duration::from_millis(10)); // too few samples yet
+//! for i in 0..1000u64 {
+//!     delay.record(Duration::from_micros(1000 + i * 10)); // 1 ms .. 11 ms
+//! }
+//! tokio::time::advance(Duration::from_secs(1)).await;
+//! let p95 = delay.current();
+//! assert!(p95 >= Duration::from_micros(10_000) && p95 <= Duration::from_micros(11_500), "{p95:?}");
+//! # Ok(())
+//! # }
+//! ```
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+const SLOTS: usize = 10;
+const SUB_BUCKETS: u32 = 8;
+/// Microsecond values up to 2^28 µs (about 268 s); longer samples land in the last bucket.
+const MAX_LOG2: u32 = 28;
+const BUCKETS: usize = (MAX_LOG2 * SUB_BUCKETS) as usize;
+
+/// An error building an [`AdaptiveDelay`]: names the parameter and the rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AdaptiveDelayError(&'static str);
+
+impl fmt::Display for AdaptiveDelayError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
+impl std::error::Error for AdaptiveDelayError {}
+
+fn bucket_of(latency: Duration) -> usize {
+    let us = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX).max(1);
+    let log2 = 63 - us.leading_zeros();
+    if log2 >= MAX_LOG2 {
+        return BUCKETS - 1;
+    }
+    // The three bits below the leading one pick the sub-bucket.
+    let sub = if log2 >= 3 {
+        (us >> (log2 - 3)) & 0b111
+    } else {
+        (us << (3 - log2)) & 0b111
+    };
+    (log2 * SUB_BUCKETS) as usize + sub as usize
+}
+
+/// The upper edge of a bucket, in microseconds.
+fn bucket_upper(bucket: usize) -> u64 {
+    let log2 = bucket as u32 / SUB_BUCKETS;
+    let sub = bucket as u64 % u64::from(SUB_BUCKETS);
+    let base = 1u64 << log2;
+    base + (base * (sub + 1)) / u64::from(SUB_BUCKETS)
+}
+
+struct Window {
+    slots: [[u32; BUCKETS]; SLOTS],
+    totals: [u32; SLOTS],
+    // Which slot is current, and when it started.
+    current: usize,
+    slot_started: Instant,
+    cached: Option<Duration>,
+    cache_valid_until: Instant,
+}
+
+impl Window {
+    fn rotate(&mut self, now: Instant, slot_len: Duration) {
+        let mut steps = 0;
+        while now.saturating_duration_since(self.slot_started) >= slot_len && steps <= SLOTS {
+            self.current = (self.current + 1) % SLOTS;
+            self.slots[self.current] = [0; BUCKETS];
+            self.totals[self.current] = 0;
+            self.slot_started += slot_len;
+            steps += 1;
+        }
+        if steps > SLOTS {
+            // Idle for longer than the window: every slot is already clear.
+            self.slot_started = now;
+        }
+    }
+}
+
+/// A hedging delay that follows a latency percentile: see [the module docs](self).
+///
+/// Cheap to clone; clones share the window.
+#[derive(Clone)]
+pub struct AdaptiveDelay {
+    window: Arc<Mutex<Window>>,
+    percentile: f64,
+    slot_len: Duration,
+    min: Duration,
+    max: Duration,
+    min_samples: u32,
+    fallback: Duration,
+}
+
+impl fmt::Debug for AdaptiveDelay {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AdaptiveDelay")
+            .field("percentile", &self.percentile)
+            .field("window", &(self.slot_len * SLOTS as u32))
+            .field("min", &self.min)
+            .field("max", &self.max)
+            .field("min_samples", &self.min_samples)
+            .field("fallback", &self.fallback)
+            .finish()
+    }
+}
+
+impl AdaptiveDelay {
+    /// A builder: p95 over 10 s, clamped to [1 ms, 1 s], 100 samples before it is used, 10 ms
+    /// before that.
+    pub fn builder() -> AdaptiveDelayBuilder {
+        AdaptiveDelayBuilder {
+            percentile: 0.95,
+            window: Duration::from_secs(10),
+            min: Duration::from_millis(1),
+            max: Duration::from_secs(1),
+            min_samples: 100,
+            fallback: Duration::from_millis(10),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Window> {
+        // The window holds plain counters: a panic elsewhere cannot leave it inconsistent.
+        self.window.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records the latency of a successful attempt.
+    pub fn record(&self, latency: Duration) {
+        let now = Instant::now();
+        let mut window = self.lock();
+        window.rotate(now, self.slot_len);
+        let current = window.current;
+        let bucket = bucket_of(latency);
+        window.slots[current][bucket] = window.slots[current][bucket].saturating_add(1);
+        window.totals[current] = window.totals[current].saturating_add(1);
+    }
+
+    /// The delay to use now.
+    pub fn current(&self) -> Duration {
+        let now = Instant::now();
+        let mut window = self.lock();
+        if now < window.cache_valid_until
+            && let Some(cached) = window.cached
+        {
+            return cached;
+        }
+        window.rotate(now, self.slot_len);
+        let total: u64 = window.totals.iter().map(|&t| u64::from(t)).sum();
+        let value = if total < u64::from(self.min_samples) {
+            self.fallback
+        } else {
+            // The smallest bucket at which the cumulative count reaches the percentile.
+            let rank = ((self.percentile * total as f64).ceil() as u64).clamp(1, total);
+            let mut seen = 0u64;
+            let mut found = BUCKETS - 1;
+            for bucket in 0..BUCKETS {
+                seen += window.slots.iter().map(|s| u64::from(s[bucket])).sum::<u64>();
+                if seen >= rank {
+                    found = bucket;
+                    break;
+                }
+            }
+            Duration::from_micros(bucket_upper(found)).clamp(self.min, self.max)
+        };
+        window.cached = Some(value);
+        window.cache_valid_until = now + self.slot_len;
+        value
+    }
+}
+
+/// Builds an [`AdaptiveDelay`].
+#[derive(Debug, Clone)]
+pub struct AdaptiveDelayBuilder {
+    percentile: f64,
+    window: Duration,
+    min: Duration,
+    max: Duration,
+    min_samples: u32,
+    fallback: Duration,
+}
+
+impl AdaptiveDelayBuilder {
+    /// The percentile to follow, in (0, 1]: 0.95 is p95.
+    pub fn percentile(mut self, percentile: f64) -> Self {
+        self.percentile = percentile;
+        self
+    }
+
+    /// How far back samples count (at least 10 ms).
+    pub fn window(mut self, window: Duration) -> Self {
+        self.window = window;
+        self
+    }
+
+    /// The delay never goes below `min` nor above `max`.
+    pub fn bounds(mut self, min: Duration, max: Duration) -> Self {
+        self.min = min;
+        self.max = max;
+        self
+    }
+
+    /// Samples in the window before the percentile is trusted.
+    pub fn min_samples(mut self, min_samples: u32) -> Self {
+        self.min_samples = min_samples;
+        self
+    }
+
+    /// The delay used until then.
+    pub fn fallback(mut self, fallback: Duration) -> Self {
+        self.fallback = fallback;
+        self
+    }
+
+    /// Validates and builds.
+    pub fn build(self) -> Result<AdaptiveDelay, AdaptiveDelayError> {
+        if !(self.percentile > 0.0 && self.percentile <= 1.0) {
+            return Err(AdaptiveDelayError("percentile: must be in (0, 1]"));
+        }
+        if self.window < Duration::from_millis(10) {
+            return Err(AdaptiveDelayError("window: must be at least 10 ms"));
+        }
+        if self.min > self.max {
+            return Err(AdaptiveDelayError("bounds: min must not exceed max"));
+        }
+        let now = Instant::now();
+        Ok(AdaptiveDelay {
+            window: Arc::new(Mutex::new(Window {
+                slots: [[0; BUCKETS]; SLOTS],
+                totals: [0; SLOTS],
+                current: 0,
+                slot_started: now,
+                cached: None,
+                cache_valid_until: now,
+            })),
+            percentile: self.percentile,
+            slot_len: self.window / SLOTS as u32,
+            min: self.min,
+            max: self.max,
+            min_samples: self.min_samples,
+            fallback: self.fallback,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_are_monotonic_and_tight() {
+        let mut last = 0;
+        for us in [1u64, 2, 3, 7, 8, 9, 15, 16, 100, 1000, 1023, 1024, 50_000, 1 << 27] {
+            let b = bucket_of(Duration::from_micros(us));
+            assert!(b >= last, "{us}");
+            last = b;
+            let upper = bucket_upper(b);
+            assert!(upper >= us, "{us} <= {upper}");
+            assert!(upper as f64 <= us as f64 * 1.13 + 1.0, "{us} vs {upper}");
+        }
+        assert_eq!(bucket_of(Duration::from_secs(100_000)), BUCKETS - 1);
+        assert_eq!(bucket_of(Duration::ZERO), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn falls_back_until_enough_samples_then_follows_the_percentile() {
+        let delay = AdaptiveDelay::builder()
+            .min_samples(10)
+            .fallback(Duration::from_millis(7))
+            .bounds(Duration::ZERO, Duration::from_secs(1))
+            .build()
+            .unwrap();
+        for _ in 0..9 {
+            delay.record(Duration::from_millis(2));
+        }
+        assert_eq!(delay.current(), Duration::from_millis(7));
+        tokio::time::advance(Duration::from_secs(1)).await;
+        delay.record(Duration::from_millis(2));
+        let value = delay.current();
+        assert!(value >= Duration::from_millis(2) && value <= Duration::from_micros(2300));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn old_samples_age_out_and_bounds_clamp() {
+        let delay = AdaptiveDelay::builder()
+            .window(Duration::from_secs(10))
+            .min_samples(1)
+            .bounds(Duration::from_millis(5), Duration::from_millis(20))
+            .build()
+            .unwrap();
+        delay.record(Duration::from_millis(1));
+        assert_eq!(delay.current(), Duration::from_millis(5));
+        tokio::time::advance(Duration::from_secs(11)).await;
+        delay.record(Duration::from_millis(500));
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(delay.current(), Duration::from_millis(20));
+    }
+
+    #[test]
+    fn builder_rejects_bad_parameters() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        let _guard = rt.enter();
+        assert!(AdaptiveDelay::builder().percentile(0.0).build().is_err());
+        assert!(AdaptiveDelay::builder().percentile(f64::NAN).build().is_err());
+        assert!(AdaptiveDelay::builder().percentile(1.5).build().is_err());
+        assert!(
+            AdaptiveDelay::builder()
+                .window(Duration::from_millis(1))
+                .build()
+                .is_err()
+        );
+        let err = AdaptiveDelay::builder()
+            .bounds(Duration::from_secs(2), Duration::from_secs(1))
+            .build()
+            .unwrap_err();
+        assert_eq!(err.to_string(), "bounds: min must not exceed max");
+    }
+}
