@@ -26,7 +26,8 @@ use super::{Backoff, BackoffError, Step};
 /// assert!(previous >= Duration::from_millis(10) && previous <= Duration::from_millis(30));
 /// for attempt in 1..20 {
 ///     let next = schedule.delay_after(attempt, previous);
-///     assert!(next >= Duration::from_millis(10) && next <= (previous * 3).min(Duration::from_secs(1)));
+///     let hi = (previous * 3).min(Duration::from_secs(1));
+///     assert!(next >= Duration::from_millis(10) && next <= hi);
 ///     previous = next;
 /// }
 /// # Ok::<(), tower_retry_hedge::backoff::BackoffError>(())

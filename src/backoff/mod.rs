@@ -140,7 +140,7 @@
 //!     attempt = 0;
 //!     done.notify_one(); // another task would send this in a real program
 //! }
-//! // Waited 0 ms, then 10, 10 and 100 ms, each ± 50 % (plus the timer's millisecond rounding).
+//! // Waited 0 ms, then 10, 10 and 100 ms, each ± 50 % (and the timer's 1 ms rounding).
 //! let waited = start.elapsed();
 //! assert!(waited >= Duration::from_millis(60) && waited <= Duration::from_millis(185));
 //! # }

@@ -34,7 +34,8 @@ static SEED_DEFAULT: [Duration; 10] = [
 /// use std::time::Duration;
 /// use tower_retry_hedge::backoff::{Backoff, Table};
 ///
-/// let schedule = Table::new(vec![Duration::ZERO, Duration::from_millis(100), Duration::from_secs(1)])?;
+/// let ms = Duration::from_millis;
+/// let schedule = Table::new(vec![ms(0), ms(100), ms(1000)])?;
 /// assert_eq!(schedule.delay(0), Duration::ZERO);
 /// let d = schedule.delay(1);
 /// assert!(d >= Duration::from_millis(50) && d <= Duration::from_millis(150));
