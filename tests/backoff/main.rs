@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use proptest::prelude::*;
+use proptest::test_runner::FileFailurePersistence;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use tower_retry_hedge::backoff::{
@@ -94,6 +95,15 @@ fn any_jitter() -> impl Strategy<Value = Jitter> {
 // bounds
 
 proptest! {
+    // Regressions go next to this file: the default would be `tests/proptest-regressions/
+    // main.txt`, shared by every `tests/*/main.rs`.
+    #![proptest_config(ProptestConfig {
+        failure_persistence: Some(Box::new(
+            FileFailurePersistence::WithSource("proptest-regressions"),
+        )),
+        ..ProptestConfig::default()
+    })]
+
     #[test]
     fn exponential_base_delay_follows_the_formula(
         (initial, max) in ordered_pair(),
@@ -210,8 +220,9 @@ proptest! {
             Box::new(Constant::new(ms(5)).with_jitter(Jitter::Full).unwrap()),
         ];
         for schedule in &schedules {
-            let a = schedule.sample(Step::new(attempt), &mut StdRng::seed_from_u64(seed));
-            let b = schedule.sample(Step::after(attempt, previous), &mut StdRng::seed_from_u64(seed));
+            let rng = || StdRng::seed_from_u64(seed);
+            let a = schedule.sample(Step::new(attempt), &mut rng());
+            let b = schedule.sample(Step::after(attempt, previous), &mut rng());
             prop_assert_eq!(a, b);
         }
     }
@@ -796,8 +807,9 @@ fn pointers_forward_to_the_schedule() {
         let d = schedule.delay_after(3, ms(20));
         assert!(d >= ms(10) && d <= ms(60));
     }
+    let by_ref: &Decorrelated = &inner;
     assert_eq!(
-        (&inner).sample(Step::new(0), &mut StdRng::seed_from_u64(1)),
+        <&Decorrelated as Backoff>::sample(&by_ref, Step::new(0), &mut StdRng::seed_from_u64(1)),
         inner.sample(Step::new(0), &mut StdRng::seed_from_u64(1))
     );
 }
