@@ -1,1 +1,1552 @@
-//! `config`: to be written.
+//! gRPC service-config JSON, parsed and validated by every rule of gRFC A6.
+//!
+//! [`ServiceConfig::from_json`] reads the JSON a grpc-go, grpc-java or grpc C-core
+//! client would be given (`methodConfig`, `retryPolicy`, `hedgingPolicy`, `timeout`,
+//! `retryThrottling`, ...) and returns a data model of plain, already validated Rust
+//! values. Every violation is a [`ConfigError`] that names the JSON path and the rule
+//! broken, such as
+//! `methodConfig[0].retryPolicy.maxAttempts: must be an integer >= 2, got 1`.
+//!
+//! # Example
+//!
+//! The configuration of the gRFC A6 document:
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower_retry_hedge::classify::{Code, GrpcCodes};
+//! use tower_retry_hedge::config::ServiceConfig;
+//!
+//! let json = r#"{
+//!   "loadBalancingPolicy": "round_robin",
+//!   "methodConfig": [{
+//!     "name": [{ "service": "helloworld.Greeter", "method": "SayHello" }],
+//!     "retryPolicy": {
+//!       "maxAttempts": 4,
+//!       "initialBackoff": "0.1s",
+//!       "maxBackoff": "1s",
+//!       "backoffMultiplier": 2,
+//!       "retryableStatusCodes": ["UNAVAILABLE"]
+//!     }
+//!   }],
+//!   "retryThrottling": { "maxTokens": 10, "tokenRatio": 0.1 }
+//! }"#;
+//!
+//! let config = ServiceConfig::from_json(json)?;
+//! let method = config.lookup_path("/helloworld.Greeter/SayHello").expect("configured");
+//! let retry = method.retry_policy().expect("a retry policy");
+//! assert_eq!(retry.max_attempts(), 4);
+//! assert_eq!(retry.initial_backoff(), Duration::from_millis(100));
+//! assert_eq!(retry.max_backoff(), Duration::from_secs(1));
+//! assert_eq!(retry.backoff_multiplier(), 2.0);
+//! assert_eq!(retry.retryable_status_codes(), GrpcCodes::from([Code::Unavailable]));
+//!
+//! let throttling = config.retry_throttling().expect("throttling");
+//! assert_eq!(throttling.max_tokens(), 10);
+//! assert_eq!(throttling.token_ratio_milli(), 100);
+//!
+//! // Other methods have no configuration: no default was given.
+//! assert!(config.lookup_path("/helloworld.Greeter/SayGoodbye").is_none());
+//! # Ok::<(), tower_retry_hedge::config::ConfigError>(())
+//! ```
+//!
+//! A hedging policy for a whole service, a default for everything else, and errors:
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower_retry_hedge::config::{MethodPolicy, Rule, ServiceConfig};
+//!
+//! let json = r#"{
+//!   "methodConfig": [
+//!     { "name": [{ "service": "pkg.Search" }],
+//!       "hedgingPolicy": { "maxAttempts": 3, "hedgingDelay": "0.05s",
+//!                          "nonFatalStatusCodes": ["unavailable", 8] } },
+//!     { "name": [{}], "timeout": "2.5s", "waitForReady": true }
+//!   ]
+//! }"#;
+//! let config: ServiceConfig = json.parse()?;
+//!
+//! let search = config.method_config("pkg.Search", "Query").expect("service-wide");
+//! match search.policy() {
+//!     Some(MethodPolicy::Hedging(hedge)) => {
+//!         assert_eq!(hedge.max_attempts(), 3);
+//!         assert_eq!(hedge.hedging_delay(), Duration::from_millis(50));
+//!         assert_eq!(hedge.non_fatal_status_codes().len(), 2);
+//!     }
+//!     other => panic!("expected hedging, got {other:?}"),
+//! }
+//!
+//! let other = config.lookup_path("/pkg.Users/Get").expect("the default");
+//! assert!(other.policy().is_none());
+//! assert_eq!(other.timeout(), Some(Duration::from_millis(2500)));
+//! assert_eq!(other.wait_for_ready(), Some(true));
+//!
+//! let err = ServiceConfig::from_json(
+//!     r#"{"methodConfig": [{"name": [{}], "retryPolicy": {"maxAttempts": 1}}]}"#,
+//! )
+//! .unwrap_err();
+//! assert_eq!(err.path(), "methodConfig[0].retryPolicy.maxAttempts");
+//! assert_eq!(err.rule(), &Rule::MaxAttempts);
+//! assert_eq!(
+//!     err.to_string(),
+//!     "methodConfig[0].retryPolicy.maxAttempts: must be an integer >= 2, got 1"
+//! );
+//! # Ok::<(), tower_retry_hedge::config::ConfigError>(())
+//! ```
+//!
+//! # What is accepted
+//!
+//! * Top level: `methodConfig` and `retryThrottling` are read; every other field
+//!   (`loadBalancingPolicy`, `loadBalancingConfig`, `healthCheckConfig`, ...) is
+//!   accepted and ignored, as are unknown fields anywhere, as gRPC does. Fields that
+//!   are read must have the right type. A field whose value is `null` counts as absent,
+//!   as in proto3 JSON. When an object repeats a key, the last value wins (as in
+//!   grpc-go).
+//! * `retryPolicy`: `maxAttempts` an integer >= 2; `initialBackoff` and `maxBackoff`
+//!   durations > 0; `backoffMultiplier` a number > 0; `retryableStatusCodes` a
+//!   non-empty array of codes. All required.
+//! * `hedgingPolicy`: `maxAttempts` an integer >= 2 (required); `hedgingDelay` a
+//!   duration >= 0 (absent means 0: all attempts at once); `nonFatalStatusCodes` an
+//!   array of codes (absent means none).
+//! * A method config holding both a `retryPolicy` and a `hedgingPolicy` is an error
+//!   (grpc-go ignores the hedging policy, C-core uses the retry policy; A6 says "only
+//!   one of them may be set").
+//! * Status codes: integers 0-16 or case-insensitive names (`14`, `"UNAVAILABLE"`,
+//!   `"unavailable"`), as A6 says; grpc-go and C-core accept only upper-case names.
+//! * `retryThrottling`: `maxTokens` an integer in (0, 1000] (grpc-java and C-core accept
+//!   more; A6 does not); `tokenRatio` a number whose digits past the third decimal are
+//!   dropped (0.5466 is 0.546), which must then be > 0; values above
+//!   4294967.295 saturate (any ratio above `maxTokens` refills the bucket in one
+//!   success anyway).
+//! * Names: `{"service": "s", "method": "m"}` names one method, `{"service": "s"}` a
+//!   whole service, `{}` (or an empty service) is the default for every method. An
+//!   empty `method` is the same as an absent one. A method without a service, the same
+//!   name twice (in one method config or across them) and a second default are errors.
+//!   A method config with no names is valid and matches nothing.
+//! * `timeout` a duration >= 0; `waitForReady` a boolean; `maxRequestMessageBytes` and
+//!   `maxResponseMessageBytes` integers >= 0 (kept for callers; values above
+//!   `u64::MAX` saturate).
+//!
+//! # Decisions where A6 leaves room
+//!
+//! * **Integers written as floats.** `maxAttempts`, `maxTokens`, status codes and
+//!   message sizes are JSON numbers with an integral value: `2`, `2.0` and `2e0` are all
+//!   accepted, `2.5` is rejected. JSON has no separate integer type, and the protobuf
+//!   JSON parser and grpc-java accept `2.0` too (grpc-go and C-core reject it).
+//!   Numbers are never accepted as strings (`"2"`), as A6 asks for JSON numbers.
+//! * **Huge `maxAttempts`.** Any integer >= 2 is kept as given, saturated to
+//!   `u32::MAX`; the clamp to the client's cap (default 5) belongs to the layer, as A6
+//!   says values above the cap are "treated as" the cap, not rejected.
+//! * **`maxBackoff < initialBackoff`** is accepted: A6 does not forbid it, and the delay
+//!   `min(initialBackoff * multiplier^(n-1), maxBackoff)` is then always `maxBackoff`.
+//! * **`timeout: "0s"`** is valid and kept as `Some(Duration::ZERO)`: proto3 allows it
+//!   and A6 sets no lower bound. grpc-go and grpc-java apply it as a deadline that has
+//!   already expired; C-core reads 0 as "no timeout". The model keeps the value; the
+//!   layer decides.
+//! * **Durations** follow the proto3 JSON form exactly, see [`parse_duration`]:
+//!   `".5s"` and `"1.s"` are rejected. A6 says the numeric part "must be a valid JSON
+//!   number", which neither is, and the protobuf reference parser
+//!   (`json/internal/parser.cc`) rejects both too ("duration must start with an
+//!   integer", and a `.` must be followed by a digit). grpc-go accepts both and C-core
+//!   accepts `".5s"`.
+//! * **`tokenRatio`** is truncated on the shortest decimal form of the `f64` serde_json
+//!   reads (correctly rounded: the crate enables serde_json's `float_roundtrip`), so the
+//!   truncation is exact for any number written with up to 15 significant digits; only
+//!   longer ones such as `0.29999999999999999999` may read as the nearest float (0.3)
+//!   first. C-core truncates the text itself.
+//! * **`maxTokens: 10.5`** is rejected: A6's validation rules ask for an integer (and
+//!   C-core rejects it), although the comment in A6's schema speaks of "up to 3 decimal
+//!   places" for both throttling fields.
+//! * **Errors**: the first violation in document order is reported.
+//!
+//! # Limits on untrusted input
+//!
+//! A service config may come from DNS, so parsing never panics and its memory is
+//! bounded: a document longer than [`MAX_DOCUMENT_BYTES`] is refused before parsing,
+//! serde_json's recursion limit (128 levels) refuses deeper nesting, and
+//! [`MAX_METHOD_CONFIGS`], [`MAX_NAMES`] and [`MAX_STATUS_CODES`] bound the arrays.
+//! Values quoted in error messages are cut to 64 characters.
+//!
+//! The document is read into a `serde_json::Value` first, which costs more than the
+//! text: measured at up to 34 times the document's length at the peak for the worst
+//! shapes (`[[{}],[{}],...]`; 24 times for `[0,0,...]`), so about 34 MiB for a
+//! 1 MiB document, released when parsing ends. Callers with a tighter budget can
+//! refuse longer documents before calling [`ServiceConfig::from_json`]; real service
+//! configs are a few kilobytes.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::{Map, Number, Value};
+
+use crate::classify::{Code, GrpcCodes};
+
+/// The longest service-config document [`ServiceConfig::from_json`] parses, in bytes
+/// (1 MiB). gRPC service configs are a few hundred bytes; DNS TXT records carrying
+/// them are far smaller than this.
+pub const MAX_DOCUMENT_BYTES: usize = 1024 * 1024;
+
+/// The most entries `methodConfig` may have.
+pub const MAX_METHOD_CONFIGS: usize = 10_000;
+
+/// The most names (`name` entries) all method configs together may have.
+pub const MAX_NAMES: usize = 10_000;
+
+/// The most entries one `retryableStatusCodes` or `nonFatalStatusCodes` array may have
+/// (there are 17 codes; repeats are allowed but pointless).
+pub const MAX_STATUS_CODES: usize = 100;
+
+/// The largest number of seconds a proto3 `Duration` may hold (10 000 years).
+pub const MAX_DURATION_SECONDS: u64 = 315_576_000_000;
+
+/// The longest a value quoted in an error message may be, in characters.
+const MAX_QUOTED_CHARS: usize = 64;
+
+// ---------------------------------------------------------------------------------
+// Durations
+// ---------------------------------------------------------------------------------
+
+/// Why a string is not a non-negative proto3 JSON duration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum DurationError {
+    /// The string does not end with `s`.
+    MissingSuffix,
+    /// The number before the `s` is not `-?(0|[1-9][0-9]*)(\.[0-9]+)?`.
+    Malformed,
+    /// More than 9 digits after the decimal point (finer than a nanosecond).
+    TooManyFractionDigits,
+    /// More than [`MAX_DURATION_SECONDS`] seconds (either sign).
+    OutOfRange,
+    /// A well-formed duration below zero.
+    Negative,
+}
+
+impl fmt::Display for DurationError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            DurationError::MissingSuffix => "duration must end with 's'",
+            DurationError::Malformed => {
+                "duration must be a decimal number of seconds without exponent, such as \"1.5s\""
+            }
+            DurationError::TooManyFractionDigits => {
+                "duration must have at most 9 digits after the decimal point"
+            }
+            DurationError::OutOfRange => "duration must be within 315576000000 seconds",
+            DurationError::Negative => "duration must not be negative",
+        })
+    }
+}
+
+impl std::error::Error for DurationError {}
+
+/// Parses a proto3 JSON duration (the content of the JSON string, without quotes):
+/// an optional `-`, whole seconds, optionally `.` and 1 to 9 digits, and `s`.
+///
+/// The grammar is exact: no `+`, no exponent, no whitespace, no leading zeros (`"01s"`),
+/// no `".5s"` nor `"1.s"` (A6 requires the number to be a valid JSON number; the
+/// protobuf reference parser rejects these two as well). Seconds range over
+/// ±[`MAX_DURATION_SECONDS`]. No floating point is involved.
+///
+/// Negative durations are valid proto3 but no A6 field allows them, so they are
+/// reported as [`DurationError::Negative`]; `"-0s"` and `"-0.000s"` are zero.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_retry_hedge::config::{DurationError, parse_duration};
+///
+/// assert_eq!(parse_duration("0.1s"), Ok(Duration::from_millis(100)));
+/// assert_eq!(parse_duration("1.000000001s"), Ok(Duration::new(1, 1)));
+/// assert_eq!(parse_duration("1"), Err(DurationError::MissingSuffix));
+/// assert_eq!(parse_duration("-1s"), Err(DurationError::Negative));
+/// assert_eq!(parse_duration("1.0000000001s"), Err(DurationError::TooManyFractionDigits));
+/// assert_eq!(parse_duration(".5s"), Err(DurationError::Malformed));
+/// ```
+pub fn parse_duration(s: &str) -> Result<Duration, DurationError> {
+    let number = s.strip_suffix('s').ok_or(DurationError::MissingSuffix)?;
+    let (negative, unsigned) = match number.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, number),
+    };
+    let (whole, fraction) = match unsigned.split_once('.') {
+        Some((whole, fraction)) => (whole, Some(fraction)),
+        None => (unsigned, None),
+    };
+
+    let whole_is_json = match whole.as_bytes() {
+        [] => false,
+        [b'0'] => true,
+        [b'0', ..] => false,
+        digits => digits.iter().all(u8::is_ascii_digit),
+    };
+    if !whole_is_json {
+        return Err(DurationError::Malformed);
+    }
+
+    let mut nanos: u32 = 0;
+    if let Some(fraction) = fraction {
+        if fraction.is_empty() || !fraction.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(DurationError::Malformed);
+        }
+        if fraction.len() > 9 {
+            return Err(DurationError::TooManyFractionDigits);
+        }
+        let mut scale = 100_000_000;
+        for digit in fraction.bytes() {
+            nanos += u32::from(digit - b'0') * scale;
+            scale /= 10;
+        }
+    }
+
+    let mut seconds: u64 = 0;
+    for digit in whole.bytes() {
+        seconds = seconds
+            .checked_mul(10)
+            .and_then(|s| s.checked_add(u64::from(digit - b'0')))
+            .filter(|s| *s <= MAX_DURATION_SECONDS)
+            .ok_or(DurationError::OutOfRange)?;
+    }
+
+    if negative && (seconds > 0 || nanos > 0) {
+        return Err(DurationError::Negative);
+    }
+    Ok(Duration::new(seconds, nanos))
+}
+
+/// Formats a duration the way protobuf writes proto3 JSON durations: whole seconds,
+/// then 0, 3, 6 or 9 fractional digits, then `s` (`"1s"`, `"0.100s"`,
+/// `"1.000000001s"`).
+///
+/// The result parses back with [`parse_duration`] when the duration is at most
+/// [`MAX_DURATION_SECONDS`] long, which every duration of a parsed config is.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_retry_hedge::config::format_duration;
+///
+/// assert_eq!(format_duration(Duration::from_millis(1500)), "1.500s");
+/// assert_eq!(format_duration(Duration::ZERO), "0s");
+/// ```
+pub fn format_duration(duration: Duration) -> String {
+    let seconds = duration.as_secs();
+    let nanos = duration.subsec_nanos();
+    if nanos == 0 {
+        format!("{seconds}s")
+    } else if nanos.is_multiple_of(1_000_000) {
+        format!("{seconds}.{:03}s", nanos / 1_000_000)
+    } else if nanos.is_multiple_of(1_000) {
+        format!("{seconds}.{:06}s", nanos / 1_000)
+    } else {
+        format!("{seconds}.{nanos:09}s")
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Errors
+// ---------------------------------------------------------------------------------
+
+/// The rule a service config broke; see [`ConfigError`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Rule {
+    /// The document is not JSON (or nests deeper than 128 levels).
+    Json {
+        /// 1-based line of the error.
+        line: usize,
+        /// 1-based column of the error.
+        column: usize,
+        /// What serde_json found wrong, such as `expected value`.
+        message: String,
+    },
+    /// The document is longer than [`MAX_DOCUMENT_BYTES`].
+    DocumentTooLarge {
+        /// The limit, in bytes.
+        max: usize,
+    },
+    /// An array has more entries than its limit ([`MAX_METHOD_CONFIGS`],
+    /// [`MAX_STATUS_CODES`]).
+    TooManyEntries {
+        /// The limit.
+        max: usize,
+    },
+    /// All method configs together have more than [`MAX_NAMES`] names.
+    TooManyNames {
+        /// The limit.
+        max: usize,
+    },
+    /// A required field is absent (or `null`).
+    Missing,
+    /// A value has the wrong JSON type.
+    WrongType {
+        /// What it must be, such as `an object`.
+        expected: &'static str,
+    },
+    /// `maxAttempts` is not an integer >= 2.
+    MaxAttempts,
+    /// A duration string is not a proto3 JSON duration (never
+    /// [`DurationError::Negative`]: that is [`Rule::Negative`] or [`Rule::NotPositive`]).
+    Duration(DurationError),
+    /// A backoff duration is zero or negative.
+    NotPositive,
+    /// A duration that must be >= 0 (`timeout`, `hedgingDelay`) is negative.
+    Negative,
+    /// `backoffMultiplier` is not a number > 0.
+    BackoffMultiplier,
+    /// `retryableStatusCodes` is an empty array.
+    EmptyStatusCodes,
+    /// A status code is neither an integer 0-16 nor a gRPC status code name.
+    UnknownStatusCode,
+    /// A method config holds both `retryPolicy` and `hedgingPolicy`.
+    BothPolicies,
+    /// `maxTokens` is not an integer in (0, 1000].
+    MaxTokens,
+    /// `tokenRatio` is not a number that is > 0 once cut to three decimals.
+    TokenRatio,
+    /// A name has a `method` but no `service`.
+    MethodWithoutService,
+    /// The same service/method name appears twice.
+    DuplicateName {
+        /// The path of the first occurrence, such as `methodConfig[0].name[1]`.
+        first: String,
+    },
+    /// A second default name (no service, no method).
+    DuplicateDefault {
+        /// The path of the first default name.
+        first: String,
+    },
+    /// `maxRequestMessageBytes` or `maxResponseMessageBytes` is not an integer >= 0.
+    MessageBytes,
+}
+
+impl fmt::Display for Rule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Rule::Json {
+                line,
+                column,
+                message,
+            } => write!(f, "invalid JSON at line {line} column {column}: {message}"),
+            Rule::DocumentTooLarge { max } => write!(f, "must be at most {max} bytes long"),
+            Rule::TooManyEntries { max } => write!(f, "must have at most {max} entries"),
+            Rule::TooManyNames { max } => {
+                write!(
+                    f,
+                    "all method configs together may have at most {max} names"
+                )
+            }
+            Rule::Missing => f.write_str("is required"),
+            Rule::WrongType { expected } => write!(f, "must be {expected}"),
+            Rule::MaxAttempts => f.write_str("must be an integer >= 2"),
+            Rule::Duration(error) => write!(f, "must be a proto3 JSON duration: {error}"),
+            Rule::NotPositive => f.write_str("must be a duration > 0"),
+            Rule::Negative => f.write_str("must be a duration >= 0"),
+            Rule::BackoffMultiplier => f.write_str("must be a number > 0"),
+            Rule::EmptyStatusCodes => f.write_str("must hold at least one status code"),
+            Rule::UnknownStatusCode => f.write_str(
+                "must be a gRPC status code: an integer 0-16 or a case-insensitive name",
+            ),
+            Rule::BothPolicies => f.write_str("must not hold both retryPolicy and hedgingPolicy"),
+            Rule::MaxTokens => f.write_str("must be an integer in (0, 1000]"),
+            Rule::TokenRatio => {
+                f.write_str("must be a number >= 0.001 (digits past the third decimal are dropped)")
+            }
+            Rule::MethodWithoutService => f.write_str("names a method but no service"),
+            Rule::DuplicateName { first } => write!(f, "repeats the name at {first}"),
+            Rule::DuplicateDefault { first } => write!(
+                f,
+                "is a second default name (no service); the first is at {first}"
+            ),
+            Rule::MessageBytes => f.write_str("must be an integer >= 0"),
+        }
+    }
+}
+
+/// A service config that breaks a rule: where (a JSON path such as
+/// `methodConfig[0].retryPolicy.maxAttempts`), which [`Rule`], and the offending value.
+///
+/// ```
+/// use tower_retry_hedge::config::{Rule, ServiceConfig};
+///
+/// let err = ServiceConfig::from_json("{\"methodConfig\": [}").unwrap_err();
+/// assert!(matches!(err.rule(), Rule::Json { line: 1, column: 19, .. }));
+/// assert_eq!(err.path(), "");
+/// assert_eq!(
+///     err.to_string(),
+///     "service config: invalid JSON at line 1 column 19: expected value"
+/// );
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    path: String,
+    rule: Rule,
+    got: Option<String>,
+}
+
+impl ConfigError {
+    fn new(path: impl Into<String>, rule: Rule) -> ConfigError {
+        ConfigError {
+            path: path.into(),
+            rule,
+            got: None,
+        }
+    }
+
+    fn got(path: impl Into<String>, rule: Rule, value: &Value) -> ConfigError {
+        ConfigError {
+            path: path.into(),
+            rule,
+            got: Some(quote(value)),
+        }
+    }
+
+    fn from_json_error(error: &serde_json::Error) -> ConfigError {
+        let (line, column) = (error.line(), error.column());
+        let full = error.to_string();
+        let suffix = format!(" at line {line} column {column}");
+        let message = full.strip_suffix(&suffix).unwrap_or(&full).to_owned();
+        ConfigError::new(
+            "",
+            Rule::Json {
+                line,
+                column,
+                message,
+            },
+        )
+    }
+
+    /// The JSON path of the offending value, such as `retryThrottling.maxTokens` or
+    /// `methodConfig[2].name[0]`; empty for the document itself.
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// The rule broken.
+    pub fn rule(&self) -> &Rule {
+        &self.rule
+    }
+
+    /// The offending value, as JSON text cut to 64 characters (or its JSON type for
+    /// objects and arrays, or the document length for [`Rule::DocumentTooLarge`]), when
+    /// there is one.
+    pub fn value(&self) -> Option<&str> {
+        self.got.as_deref()
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.path.is_empty() {
+            write!(f, "service config: {}", self.rule)?;
+        } else {
+            write!(f, "{}: {}", self.path, self.rule)?;
+        }
+        if let Some(got) = &self.got {
+            write!(f, ", got {got}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match &self.rule {
+            Rule::Duration(error) => Some(error),
+            _ => None,
+        }
+    }
+}
+
+/// A short, bounded rendering of a JSON value for error messages.
+fn quote(value: &Value) -> String {
+    match value {
+        Value::Null => "null".to_owned(),
+        Value::Bool(b) => b.to_string(),
+        Value::Number(n) => n.to_string(),
+        Value::String(s) => {
+            let mut cut: String = s.chars().take(MAX_QUOTED_CHARS).collect();
+            if cut.len() < s.len() {
+                cut.push('\u{2026}');
+            }
+            format!("{cut:?}")
+        }
+        Value::Array(_) => "an array".to_owned(),
+        Value::Object(_) => "an object".to_owned(),
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// The model
+// ---------------------------------------------------------------------------------
+
+/// The name a method config applies to: one method (`service` and `method`), a whole
+/// service (`method` is `None`), or every method (the default: empty `service`, no
+/// `method`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct MethodName {
+    service: String,
+    method: Option<String>,
+}
+
+impl MethodName {
+    /// The fully-qualified service name, such as `helloworld.Greeter`; empty for the
+    /// default name.
+    pub fn service(&self) -> &str {
+        &self.service
+    }
+
+    /// The method name, such as `SayHello`; `None` when the name covers the whole
+    /// service (or is the default).
+    pub fn method(&self) -> Option<&str> {
+        self.method.as_deref()
+    }
+
+    /// Whether this is the default name, which applies to every method not otherwise
+    /// named.
+    pub fn is_default(&self) -> bool {
+        self.service.is_empty()
+    }
+}
+
+/// A validated `retryPolicy`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RetryPolicyConfig {
+    max_attempts: u32,
+    initial_backoff: Duration,
+    max_backoff: Duration,
+    backoff_multiplier: f64,
+    retryable_status_codes: GrpcCodes,
+}
+
+impl RetryPolicyConfig {
+    /// `maxAttempts`: attempts in all, the original one included; >= 2, as given
+    /// (saturated to `u32::MAX`), not yet clamped to the client's cap.
+    pub fn max_attempts(&self) -> u32 {
+        self.max_attempts
+    }
+
+    /// `initialBackoff`: > 0.
+    pub fn initial_backoff(&self) -> Duration {
+        self.initial_backoff
+    }
+
+    /// `maxBackoff`: > 0; may be below `initial_backoff` (then every delay is
+    /// `max_backoff`).
+    pub fn max_backoff(&self) -> Duration {
+        self.max_backoff
+    }
+
+    /// `backoffMultiplier`: finite and > 0.
+    pub fn backoff_multiplier(&self) -> f64 {
+        self.backoff_multiplier
+    }
+
+    /// `retryableStatusCodes`: never empty.
+    pub fn retryable_status_codes(&self) -> GrpcCodes {
+        self.retryable_status_codes
+    }
+}
+
+/// A validated `hedgingPolicy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HedgingPolicyConfig {
+    max_attempts: u32,
+    hedging_delay: Duration,
+    non_fatal_status_codes: GrpcCodes,
+}
+
+impl HedgingPolicyConfig {
+    /// `maxAttempts`: attempts in all, the original one included; >= 2, as given
+    /// (saturated to `u32::MAX`), not yet clamped to the client's cap.
+    pub fn max_attempts(&self) -> u32 {
+        self.max_attempts
+    }
+
+    /// `hedgingDelay`: zero (send all attempts at once) when absent.
+    pub fn hedging_delay(&self) -> Duration {
+        self.hedging_delay
+    }
+
+    /// `nonFatalStatusCodes`: empty when absent.
+    pub fn non_fatal_status_codes(&self) -> GrpcCodes {
+        self.non_fatal_status_codes
+    }
+}
+
+/// The policy of a method config: retries or hedging, never both.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum MethodPolicy {
+    /// A `retryPolicy`.
+    Retry(RetryPolicyConfig),
+    /// A `hedgingPolicy`.
+    Hedging(HedgingPolicyConfig),
+}
+
+/// One validated entry of `methodConfig`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MethodConfig {
+    names: Vec<MethodName>,
+    policy: Option<MethodPolicy>,
+    timeout: Option<Duration>,
+    wait_for_ready: Option<bool>,
+    max_request_message_bytes: Option<u64>,
+    max_response_message_bytes: Option<u64>,
+}
+
+impl MethodConfig {
+    /// The names this config applies to (possibly none).
+    pub fn names(&self) -> &[MethodName] {
+        &self.names
+    }
+
+    /// The retry or hedging policy, if any.
+    pub fn policy(&self) -> Option<&MethodPolicy> {
+        self.policy.as_ref()
+    }
+
+    /// The retry policy, if the policy is one.
+    pub fn retry_policy(&self) -> Option<&RetryPolicyConfig> {
+        match &self.policy {
+            Some(MethodPolicy::Retry(retry)) => Some(retry),
+            _ => None,
+        }
+    }
+
+    /// The hedging policy, if the policy is one.
+    pub fn hedging_policy(&self) -> Option<&HedgingPolicyConfig> {
+        match &self.policy {
+            Some(MethodPolicy::Hedging(hedging)) => Some(hedging),
+            _ => None,
+        }
+    }
+
+    /// `timeout`: the default deadline of a call, across all its attempts. May be
+    /// zero (see the module docs).
+    pub fn timeout(&self) -> Option<Duration> {
+        self.timeout
+    }
+
+    /// `waitForReady`, kept for callers.
+    pub fn wait_for_ready(&self) -> Option<bool> {
+        self.wait_for_ready
+    }
+
+    /// `maxRequestMessageBytes`, kept for callers.
+    pub fn max_request_message_bytes(&self) -> Option<u64> {
+        self.max_request_message_bytes
+    }
+
+    /// `maxResponseMessageBytes`, kept for callers.
+    pub fn max_response_message_bytes(&self) -> Option<u64> {
+        self.max_response_message_bytes
+    }
+}
+
+/// A validated `retryThrottling`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RetryThrottling {
+    max_tokens: u32,
+    token_ratio_milli: u32,
+}
+
+impl RetryThrottling {
+    /// `maxTokens`: in 1..=1000.
+    pub fn max_tokens(&self) -> u32 {
+        self.max_tokens
+    }
+
+    /// `tokenRatio` in thousandths, digits past the third decimal dropped: >= 1.
+    pub fn token_ratio_milli(&self) -> u32 {
+        self.token_ratio_milli
+    }
+
+    /// `tokenRatio`, as the three-decimal value in force (0.5466 gives 0.546).
+    pub fn token_ratio(&self) -> f64 {
+        f64::from(self.token_ratio_milli) / 1000.0
+    }
+}
+
+/// Where a name was found: method config `config`, name `name` within it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Slot {
+    config: usize,
+    name: usize,
+}
+
+impl Slot {
+    fn path(self) -> String {
+        format!("methodConfig[{}].name[{}]", self.config, self.name)
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct ServiceSlots {
+    whole: Option<Slot>,
+    methods: HashMap<String, Slot>,
+}
+
+/// The names of all method configs, for lookups without allocation.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct NameIndex {
+    default: Option<Slot>,
+    services: HashMap<String, ServiceSlots>,
+}
+
+impl NameIndex {
+    fn insert(&mut self, name: &MethodName, slot: Slot) -> Result<(), ConfigError> {
+        let existing = if name.is_default() {
+            match self.default {
+                Some(first) => {
+                    return Err(ConfigError::new(
+                        slot.path(),
+                        Rule::DuplicateDefault {
+                            first: first.path(),
+                        },
+                    ));
+                }
+                None => &mut self.default,
+            }
+        } else {
+            let service = self.services.entry(name.service.clone()).or_default();
+            match &name.method {
+                None => &mut service.whole,
+                Some(method) => {
+                    if let Some(first) = service.methods.get(method) {
+                        return Err(ConfigError::new(
+                            slot.path(),
+                            Rule::DuplicateName {
+                                first: first.path(),
+                            },
+                        ));
+                    }
+                    service.methods.insert(method.clone(), slot);
+                    return Ok(());
+                }
+            }
+        };
+        if let Some(first) = existing {
+            return Err(ConfigError::new(
+                slot.path(),
+                Rule::DuplicateName {
+                    first: first.path(),
+                },
+            ));
+        }
+        *existing = Some(slot);
+        Ok(())
+    }
+}
+
+/// A validated gRPC service config: its method configs and its retry throttling.
+///
+/// Build it with [`ServiceConfig::from_json`] (or `str::parse`, or serde); find the
+/// config of a call with [`ServiceConfig::lookup_path`] or
+/// [`ServiceConfig::method_config`]. [`ServiceConfig::to_json`] writes it back as
+/// service-config JSON that parses to an equal value. The default value is the empty
+/// config (`{}`).
+///
+/// ```
+/// use tower_retry_hedge::config::ServiceConfig;
+///
+/// let config = ServiceConfig::from_json(r#"{"loadBalancingPolicy": "round_robin"}"#)?;
+/// assert!(config.method_configs().is_empty());
+/// assert!(config.retry_throttling().is_none());
+/// assert_eq!(config, ServiceConfig::default());
+/// # Ok::<(), tower_retry_hedge::config::ConfigError>(())
+/// ```
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ServiceConfig {
+    method_configs: Vec<MethodConfig>,
+    retry_throttling: Option<RetryThrottling>,
+    index: NameIndex,
+}
+
+impl ServiceConfig {
+    /// Parses and validates service-config JSON.
+    ///
+    /// Documents longer than [`MAX_DOCUMENT_BYTES`] are refused before parsing.
+    pub fn from_json(json: &str) -> Result<ServiceConfig, ConfigError> {
+        if json.len() > MAX_DOCUMENT_BYTES {
+            return Err(ConfigError {
+                path: String::new(),
+                rule: Rule::DocumentTooLarge {
+                    max: MAX_DOCUMENT_BYTES,
+                },
+                got: Some(format!("{} bytes", json.len())),
+            });
+        }
+        let value: Value =
+            serde_json::from_str(json).map_err(|e| ConfigError::from_json_error(&e))?;
+        ServiceConfig::from_value(&value)
+    }
+
+    /// Validates a service config already parsed as JSON (the entry limits apply; the
+    /// size limit cannot, the document being already in memory).
+    pub fn from_value(value: &Value) -> Result<ServiceConfig, ConfigError> {
+        let root = object(value, "")?;
+        let mut config = ServiceConfig::default();
+        if let Some(list) = field(root, "methodConfig") {
+            let path = "methodConfig";
+            let list = array(list, path, "an array of method configs")?;
+            if list.len() > MAX_METHOD_CONFIGS {
+                return Err(ConfigError::new(
+                    path,
+                    Rule::TooManyEntries {
+                        max: MAX_METHOD_CONFIGS,
+                    },
+                ));
+            }
+            config.method_configs.reserve_exact(list.len());
+            let mut names_seen = 0;
+            for (i, entry) in list.iter().enumerate() {
+                let path = format!("methodConfig[{i}]");
+                let method_config = parse_method_config(entry, &path, &mut names_seen)?;
+                for (j, name) in method_config.names.iter().enumerate() {
+                    config.index.insert(name, Slot { config: i, name: j })?;
+                }
+                config.method_configs.push(method_config);
+            }
+        }
+        if let Some(throttling) = field(root, "retryThrottling") {
+            config.retry_throttling = Some(parse_throttling(throttling, "retryThrottling")?);
+        }
+        Ok(config)
+    }
+
+    /// The method configs, in document order.
+    pub fn method_configs(&self) -> &[MethodConfig] {
+        &self.method_configs
+    }
+
+    /// The retry throttling, if configured.
+    pub fn retry_throttling(&self) -> Option<RetryThrottling> {
+        self.retry_throttling
+    }
+
+    /// The method config of the default name (`{}`), if any.
+    pub fn default_method_config(&self) -> Option<&MethodConfig> {
+        self.at(self.index.default)
+    }
+
+    /// The method config that applies to `method` of `service` (such as
+    /// `"helloworld.Greeter"`, `"SayHello"`): the one naming that exact method, else
+    /// the one naming the whole service, else the default, else none.
+    ///
+    /// The most specific config applies whole: a method config without a policy that
+    /// names the method turns off the retry policy its service or the default has.
+    ///
+    /// ```
+    /// use tower_retry_hedge::config::ServiceConfig;
+    ///
+    /// let config = ServiceConfig::from_json(r#"{"methodConfig": [
+    ///     {"name": [{"service": "s", "method": "m"}], "timeout": "1s"},
+    ///     {"name": [{"service": "s"}], "timeout": "2s"},
+    ///     {"name": [{}], "timeout": "3s"}
+    /// ]}"#)?;
+    /// let timeout = |s, m| config.method_config(s, m).and_then(|c| c.timeout());
+    /// assert_eq!(timeout("s", "m").unwrap().as_secs(), 1);
+    /// assert_eq!(timeout("s", "other").unwrap().as_secs(), 2);
+    /// assert_eq!(timeout("t", "m").unwrap().as_secs(), 3);
+    /// # Ok::<(), tower_retry_hedge::config::ConfigError>(())
+    /// ```
+    pub fn method_config(&self, service: &str, method: &str) -> Option<&MethodConfig> {
+        let named = self
+            .index
+            .services
+            .get(service)
+            .and_then(|slots| slots.methods.get(method).copied().or(slots.whole));
+        self.at(named.or(self.index.default))
+    }
+
+    /// The method config for a gRPC request path, `/package.Service/Method`, as
+    /// [`ServiceConfig::method_config`] finds it.
+    ///
+    /// A path that is not of that form (no leading `/`, no second `/`, an empty
+    /// service or method, or a third `/`) can match no name, so it gets the default
+    /// config (or none), as in grpc-go.
+    pub fn lookup_path(&self, path: &str) -> Option<&MethodConfig> {
+        match split_grpc_path(path) {
+            Some((service, method)) => self.method_config(service, method),
+            None => self.default_method_config(),
+        }
+    }
+
+    /// The config as a `serde_json::Value` in service-config form.
+    pub fn to_value(&self) -> Value {
+        let mut root = Map::new();
+        if !self.method_configs.is_empty() {
+            let list = self
+                .method_configs
+                .iter()
+                .map(method_config_value)
+                .collect();
+            root.insert("methodConfig".to_owned(), Value::Array(list));
+        }
+        if let Some(throttling) = self.retry_throttling {
+            let mut object = Map::new();
+            object.insert("maxTokens".to_owned(), throttling.max_tokens.into());
+            object.insert("tokenRatio".to_owned(), float(throttling.token_ratio()));
+            root.insert("retryThrottling".to_owned(), Value::Object(object));
+        }
+        Value::Object(root)
+    }
+
+    /// The config as service-config JSON, which [`ServiceConfig::from_json`] parses
+    /// back to an equal value.
+    ///
+    /// ```
+    /// use tower_retry_hedge::config::ServiceConfig;
+    ///
+    /// let json = r#"{"methodConfig":[{"name":[{"service":"s"}],
+    ///     "hedgingPolicy":{"maxAttempts":3,"hedgingDelay":"0.1s"}}]}"#;
+    /// let config = ServiceConfig::from_json(json)?;
+    /// assert_eq!(ServiceConfig::from_json(&config.to_json())?, config);
+    /// # Ok::<(), tower_retry_hedge::config::ConfigError>(())
+    /// ```
+    pub fn to_json(&self) -> String {
+        self.to_value().to_string()
+    }
+
+    fn at(&self, slot: Option<Slot>) -> Option<&MethodConfig> {
+        slot.and_then(|slot| self.method_configs.get(slot.config))
+    }
+}
+
+impl FromStr for ServiceConfig {
+    type Err = ConfigError;
+
+    fn from_str(json: &str) -> Result<ServiceConfig, ConfigError> {
+        ServiceConfig::from_json(json)
+    }
+}
+
+impl Serialize for ServiceConfig {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.to_value().serialize(serializer)
+    }
+}
+
+/// Deserializes and validates, for a service config embedded in a larger document.
+/// The size of that document is the caller's to bound.
+impl<'de> Deserialize<'de> for ServiceConfig {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<ServiceConfig, D::Error> {
+        let value = Value::deserialize(deserializer)?;
+        ServiceConfig::from_value(&value).map_err(serde::de::Error::custom)
+    }
+}
+
+/// Splits `/service/method`; `None` for anything else.
+fn split_grpc_path(path: &str) -> Option<(&str, &str)> {
+    let (service, method) = path.strip_prefix('/')?.split_once('/')?;
+    if service.is_empty() || method.is_empty() || method.contains('/') {
+        return None;
+    }
+    Some((service, method))
+}
+
+// ---------------------------------------------------------------------------------
+// Parsing
+// ---------------------------------------------------------------------------------
+
+fn child(path: &str, key: &str) -> String {
+    if path.is_empty() {
+        key.to_owned()
+    } else {
+        format!("{path}.{key}")
+    }
+}
+
+/// A field of an object; `null` counts as absent, as in proto3 JSON.
+fn field<'a>(object: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
+    object.get(key).filter(|value| !value.is_null())
+}
+
+fn required<'a>(
+    object: &'a Map<String, Value>,
+    path: &str,
+    key: &str,
+) -> Result<(&'a Value, String), ConfigError> {
+    let path = child(path, key);
+    match field(object, key) {
+        Some(value) => Ok((value, path)),
+        None => Err(ConfigError::new(path, Rule::Missing)),
+    }
+}
+
+fn object<'a>(value: &'a Value, path: &str) -> Result<&'a Map<String, Value>, ConfigError> {
+    value.as_object().ok_or_else(|| {
+        ConfigError::got(
+            path,
+            Rule::WrongType {
+                expected: "an object",
+            },
+            value,
+        )
+    })
+}
+
+fn array<'a>(
+    value: &'a Value,
+    path: &str,
+    expected: &'static str,
+) -> Result<&'a Vec<Value>, ConfigError> {
+    value
+        .as_array()
+        .ok_or_else(|| ConfigError::got(path, Rule::WrongType { expected }, value))
+}
+
+fn string<'a>(value: &'a Value, path: &str) -> Result<&'a str, ConfigError> {
+    value.as_str().ok_or_else(|| {
+        ConfigError::got(
+            path,
+            Rule::WrongType {
+                expected: "a string",
+            },
+            value,
+        )
+    })
+}
+
+/// An integral JSON number (`2`, `2.0`, `2e0`), saturated to `u64`; `Err(())` for a
+/// negative one, `None` for anything else.
+fn integer(value: &Value) -> Option<Result<u64, ()>> {
+    let number = value.as_number()?;
+    if let Some(n) = number.as_u64() {
+        return Some(Ok(n));
+    }
+    if number.is_i64() {
+        // Not a u64, so below zero.
+        return Some(Err(()));
+    }
+    let f = number.as_f64()?;
+    if !f.is_finite() || f.fract() != 0.0 {
+        return None;
+    }
+    // `-0.0 < 0.0` is false: negative zero is zero. Float-to-int `as` saturates.
+    Some(if f < 0.0 { Err(()) } else { Ok(f as u64) })
+}
+
+fn saturate_u32(n: u64) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+fn parse_max_attempts(value: &Value, path: &str) -> Result<u32, ConfigError> {
+    match integer(value) {
+        Some(Ok(n)) if n >= 2 => Ok(saturate_u32(n)),
+        _ => Err(ConfigError::got(path, Rule::MaxAttempts, value)),
+    }
+}
+
+/// A duration string; `Ok(Err(()))` when well-formed but negative.
+fn duration(value: &Value, path: &str) -> Result<Result<Duration, ()>, ConfigError> {
+    let Some(text) = value.as_str() else {
+        return Err(ConfigError::got(
+            path,
+            Rule::WrongType {
+                expected: "a duration string such as \"0.1s\"",
+            },
+            value,
+        ));
+    };
+    match parse_duration(text) {
+        Ok(d) => Ok(Ok(d)),
+        Err(DurationError::Negative) => Ok(Err(())),
+        Err(error) => Err(ConfigError::got(path, Rule::Duration(error), value)),
+    }
+}
+
+fn positive_duration(value: &Value, path: &str) -> Result<Duration, ConfigError> {
+    match duration(value, path)? {
+        Ok(d) if !d.is_zero() => Ok(d),
+        _ => Err(ConfigError::got(path, Rule::NotPositive, value)),
+    }
+}
+
+fn non_negative_duration(value: &Value, path: &str) -> Result<Duration, ConfigError> {
+    duration(value, path)?.map_err(|()| ConfigError::got(path, Rule::Negative, value))
+}
+
+fn parse_status_codes(
+    value: &Value,
+    path: &str,
+    non_empty: bool,
+) -> Result<GrpcCodes, ConfigError> {
+    let list = array(value, path, "an array of status codes")?;
+    if list.len() > MAX_STATUS_CODES {
+        return Err(ConfigError::new(
+            path,
+            Rule::TooManyEntries {
+                max: MAX_STATUS_CODES,
+            },
+        ));
+    }
+    if non_empty && list.is_empty() {
+        return Err(ConfigError::new(path, Rule::EmptyStatusCodes));
+    }
+    let mut codes = GrpcCodes::empty();
+    for (k, entry) in list.iter().enumerate() {
+        let code = match entry {
+            Value::String(name) => name.parse::<Code>().ok(),
+            _ => match integer(entry) {
+                Some(Ok(n)) => i32::try_from(n).ok().and_then(Code::from_i32),
+                _ => None,
+            },
+        };
+        match code {
+            Some(code) => codes.insert(code),
+            None => {
+                return Err(ConfigError::got(
+                    format!("{path}[{k}]"),
+                    Rule::UnknownStatusCode,
+                    entry,
+                ));
+            }
+        }
+    }
+    Ok(codes)
+}
+
+fn parse_retry_policy(value: &Value, path: &str) -> Result<RetryPolicyConfig, ConfigError> {
+    let object = object(value, path)?;
+
+    let (value, at) = required(object, path, "maxAttempts")?;
+    let max_attempts = parse_max_attempts(value, &at)?;
+
+    let (value, at) = required(object, path, "initialBackoff")?;
+    let initial_backoff = positive_duration(value, &at)?;
+
+    let (value, at) = required(object, path, "maxBackoff")?;
+    let max_backoff = positive_duration(value, &at)?;
+
+    let (value, at) = required(object, path, "backoffMultiplier")?;
+    let backoff_multiplier = match value.as_f64() {
+        Some(m) if m > 0.0 && m.is_finite() => m,
+        _ => return Err(ConfigError::got(at, Rule::BackoffMultiplier, value)),
+    };
+
+    let (value, at) = required(object, path, "retryableStatusCodes")?;
+    let retryable_status_codes = parse_status_codes(value, &at, true)?;
+
+    Ok(RetryPolicyConfig {
+        max_attempts,
+        initial_backoff,
+        max_backoff,
+        backoff_multiplier,
+        retryable_status_codes,
+    })
+}
+
+fn parse_hedging_policy(value: &Value, path: &str) -> Result<HedgingPolicyConfig, ConfigError> {
+    let object = object(value, path)?;
+
+    let (value, at) = required(object, path, "maxAttempts")?;
+    let max_attempts = parse_max_attempts(value, &at)?;
+
+    let hedging_delay = match field(object, "hedgingDelay") {
+        Some(value) => non_negative_duration(value, &child(path, "hedgingDelay"))?,
+        None => Duration::ZERO,
+    };
+
+    let non_fatal_status_codes = match field(object, "nonFatalStatusCodes") {
+        Some(value) => parse_status_codes(value, &child(path, "nonFatalStatusCodes"), false)?,
+        None => GrpcCodes::empty(),
+    };
+
+    Ok(HedgingPolicyConfig {
+        max_attempts,
+        hedging_delay,
+        non_fatal_status_codes,
+    })
+}
+
+fn parse_name(value: &Value, path: &str) -> Result<MethodName, ConfigError> {
+    let object = object(value, path)?;
+    let service = match field(object, "service") {
+        Some(value) => string(value, &child(path, "service"))?,
+        None => "",
+    };
+    let method = match field(object, "method") {
+        Some(value) => string(value, &child(path, "method"))?,
+        None => "",
+    };
+    if service.is_empty() && !method.is_empty() {
+        return Err(ConfigError::new(path, Rule::MethodWithoutService));
+    }
+    Ok(MethodName {
+        service: service.to_owned(),
+        method: (!method.is_empty()).then(|| method.to_owned()),
+    })
+}
+
+fn parse_message_bytes(value: &Value, path: &str) -> Result<u64, ConfigError> {
+    match integer(value) {
+        Some(Ok(n)) => Ok(n),
+        _ => Err(ConfigError::got(path, Rule::MessageBytes, value)),
+    }
+}
+
+fn parse_method_config(
+    value: &Value,
+    path: &str,
+    names_seen: &mut usize,
+) -> Result<MethodConfig, ConfigError> {
+    let object = object(value, path)?;
+
+    let mut names = Vec::new();
+    if let Some(list) = field(object, "name") {
+        let at = child(path, "name");
+        let list = array(list, &at, "an array of names")?;
+        *names_seen = names_seen.saturating_add(list.len());
+        if *names_seen > MAX_NAMES {
+            return Err(ConfigError::new(at, Rule::TooManyNames { max: MAX_NAMES }));
+        }
+        names.reserve_exact(list.len());
+        for (j, name) in list.iter().enumerate() {
+            names.push(parse_name(name, &format!("{at}[{j}]"))?);
+        }
+    }
+
+    let policy = match (field(object, "retryPolicy"), field(object, "hedgingPolicy")) {
+        (Some(_), Some(_)) => return Err(ConfigError::new(path, Rule::BothPolicies)),
+        (Some(retry), None) => Some(MethodPolicy::Retry(parse_retry_policy(
+            retry,
+            &child(path, "retryPolicy"),
+        )?)),
+        (None, Some(hedging)) => Some(MethodPolicy::Hedging(parse_hedging_policy(
+            hedging,
+            &child(path, "hedgingPolicy"),
+        )?)),
+        (None, None) => None,
+    };
+
+    let timeout = field(object, "timeout")
+        .map(|value| non_negative_duration(value, &child(path, "timeout")))
+        .transpose()?;
+
+    let wait_for_ready = field(object, "waitForReady")
+        .map(|value| {
+            value.as_bool().ok_or_else(|| {
+                ConfigError::got(
+                    child(path, "waitForReady"),
+                    Rule::WrongType {
+                        expected: "a boolean",
+                    },
+                    value,
+                )
+            })
+        })
+        .transpose()?;
+
+    let max_request_message_bytes = field(object, "maxRequestMessageBytes")
+        .map(|value| parse_message_bytes(value, &child(path, "maxRequestMessageBytes")))
+        .transpose()?;
+    let max_response_message_bytes = field(object, "maxResponseMessageBytes")
+        .map(|value| parse_message_bytes(value, &child(path, "maxResponseMessageBytes")))
+        .transpose()?;
+
+    Ok(MethodConfig {
+        names,
+        policy,
+        timeout,
+        wait_for_ready,
+        max_request_message_bytes,
+        max_response_message_bytes,
+    })
+}
+
+/// `tokenRatio` in thousandths, digits past the third decimal dropped, saturated to
+/// `u32::MAX`; 0 for anything not a number > 0.
+fn token_ratio_milli(number: &Number) -> u32 {
+    if let Some(n) = number.as_u64() {
+        return saturate_u32(n.saturating_mul(1000));
+    }
+    let Some(f) = number.as_f64() else { return 0 };
+    if f.is_nan() || f <= 0.0 {
+        return 0;
+    }
+    if f >= 4_294_967.296 {
+        return u32::MAX;
+    }
+    // Truncate the shortest decimal that reads back as `f` (Rust's `Display` for
+    // floats: never an exponent), so that 0.3 gives 300 although the float is a
+    // hair below 0.3.
+    let text = f.to_string();
+    let (whole, fraction) = text.split_once('.').unwrap_or((text.as_str(), ""));
+    let whole: u32 = whole.parse().unwrap_or(0);
+    let mut milli = whole.saturating_mul(1000);
+    let mut scale = 100;
+    for digit in fraction.bytes().take(3) {
+        milli = milli.saturating_add(u32::from(digit.wrapping_sub(b'0') % 10) * scale);
+        scale /= 10;
+    }
+    milli
+}
+
+fn parse_throttling(value: &Value, path: &str) -> Result<RetryThrottling, ConfigError> {
+    let object = object(value, path)?;
+
+    let (value, at) = required(object, path, "maxTokens")?;
+    let max_tokens = match integer(value) {
+        Some(Ok(n @ 1..=1000)) => saturate_u32(n),
+        _ => return Err(ConfigError::got(at, Rule::MaxTokens, value)),
+    };
+
+    let (value, at) = required(object, path, "tokenRatio")?;
+    let token_ratio_milli = match value.as_number().map(token_ratio_milli) {
+        Some(milli) if milli > 0 => milli,
+        _ => return Err(ConfigError::got(at, Rule::TokenRatio, value)),
+    };
+
+    Ok(RetryThrottling {
+        max_tokens,
+        token_ratio_milli,
+    })
+}
+
+// ---------------------------------------------------------------------------------
+// Writing
+// ---------------------------------------------------------------------------------
+
+fn float(f: f64) -> Value {
+    // Every float of a parsed config is finite; `Null` is unreachable.
+    Number::from_f64(f).map_or(Value::Null, Value::Number)
+}
+
+fn codes_value(codes: GrpcCodes) -> Value {
+    Value::Array(
+        codes
+            .iter()
+            .map(|code| Value::String(code.as_str().to_owned()))
+            .collect(),
+    )
+}
+
+fn duration_value(duration: Duration) -> Value {
+    Value::String(format_duration(duration))
+}
+
+fn method_config_value(config: &MethodConfig) -> Value {
+    let mut object = Map::new();
+    let names = config
+        .names
+        .iter()
+        .map(|name| {
+            let mut object = Map::new();
+            if !name.service.is_empty() {
+                object.insert("service".to_owned(), Value::String(name.service.clone()));
+            }
+            if let Some(method) = &name.method {
+                object.insert("method".to_owned(), Value::String(method.clone()));
+            }
+            Value::Object(object)
+        })
+        .collect();
+    object.insert("name".to_owned(), Value::Array(names));
+    match &config.policy {
+        Some(MethodPolicy::Retry(retry)) => {
+            let mut policy = Map::new();
+            policy.insert("maxAttempts".to_owned(), retry.max_attempts.into());
+            policy.insert(
+                "initialBackoff".to_owned(),
+                duration_value(retry.initial_backoff),
+            );
+            policy.insert("maxBackoff".to_owned(), duration_value(retry.max_backoff));
+            policy.insert(
+                "backoffMultiplier".to_owned(),
+                float(retry.backoff_multiplier),
+            );
+            policy.insert(
+                "retryableStatusCodes".to_owned(),
+                codes_value(retry.retryable_status_codes),
+            );
+            object.insert("retryPolicy".to_owned(), Value::Object(policy));
+        }
+        Some(MethodPolicy::Hedging(hedging)) => {
+            let mut policy = Map::new();
+            policy.insert("maxAttempts".to_owned(), hedging.max_attempts.into());
+            policy.insert(
+                "hedgingDelay".to_owned(),
+                duration_value(hedging.hedging_delay),
+            );
+            policy.insert(
+                "nonFatalStatusCodes".to_owned(),
+                codes_value(hedging.non_fatal_status_codes),
+            );
+            object.insert("hedgingPolicy".to_owned(), Value::Object(policy));
+        }
+        None => {}
+    }
+    if let Some(timeout) = config.timeout {
+        object.insert("timeout".to_owned(), duration_value(timeout));
+    }
+    if let Some(wait) = config.wait_for_ready {
+        object.insert("waitForReady".to_owned(), Value::Bool(wait));
+    }
+    if let Some(bytes) = config.max_request_message_bytes {
+        object.insert("maxRequestMessageBytes".to_owned(), bytes.into());
+    }
+    if let Some(bytes) = config.max_response_message_bytes {
+        object.insert("maxResponseMessageBytes".to_owned(), bytes.into());
+    }
+    Value::Object(object)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_ratio_truncates_decimal_text() {
+        let milli = |json: &str| {
+            let value: Value = serde_json::from_str(json).unwrap();
+            token_ratio_milli(value.as_number().unwrap())
+        };
+        assert_eq!(milli("0.1"), 100);
+        assert_eq!(milli("0.3"), 300);
+        assert_eq!(milli("0.5466"), 546);
+        assert_eq!(milli("0.0009"), 0);
+        assert_eq!(milli("0.001"), 1);
+        assert_eq!(milli("1e-3"), 1);
+        assert_eq!(milli("2"), 2000);
+        assert_eq!(milli("2.0"), 2000);
+        assert_eq!(milli("4294967.295"), u32::MAX);
+        assert_eq!(milli("4294967.2959"), u32::MAX);
+        assert_eq!(milli("1e300"), u32::MAX);
+        assert_eq!(milli("99999999999"), u32::MAX);
+        assert_eq!(milli("-0.5"), 0);
+        assert_eq!(milli("-3"), 0);
+        assert_eq!(milli("0"), 0);
+    }
+
+    #[test]
+    fn integers_accept_integral_floats_only() {
+        let int = |json: &str| integer(&serde_json::from_str::<Value>(json).unwrap());
+        assert_eq!(int("2"), Some(Ok(2)));
+        assert_eq!(int("2.0"), Some(Ok(2)));
+        assert_eq!(int("2e0"), Some(Ok(2)));
+        assert_eq!(int("-0"), Some(Ok(0)));
+        assert_eq!(int("-0.0"), Some(Ok(0)));
+        assert_eq!(int("-1"), Some(Err(())));
+        assert_eq!(int("-1.0"), Some(Err(())));
+        assert_eq!(int("2.5"), None);
+        assert_eq!(int("\"2\""), None);
+        assert_eq!(int("1e30"), Some(Ok(u64::MAX)));
+        assert_eq!(int("18446744073709551616"), Some(Ok(u64::MAX)));
+    }
+
+    #[test]
+    fn grpc_paths_split_strictly() {
+        assert_eq!(split_grpc_path("/a.B/C"), Some(("a.B", "C")));
+        for bad in ["", "/", "//", "a.B/C", "/a.B", "/a.B/", "//C", "/a/B/C"] {
+            assert_eq!(split_grpc_path(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn quoted_values_are_bounded() {
+        let long = Value::String("x".repeat(10_000));
+        assert!(quote(&long).chars().count() <= MAX_QUOTED_CHARS + 3);
+        assert_eq!(quote(&Value::Array(vec![])), "an array");
+    }
+}

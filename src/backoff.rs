@@ -1,1 +1,0 @@
-//! `backoff`: to be written.
