@@ -46,7 +46,8 @@
 //!
 //! ```
 //! # #[cfg(feature = "tonic")]
-//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use std::time::Duration;
 //! use tower::ServiceBuilder;
 //! use tower_retry_hedge::backoff::Exponential;
