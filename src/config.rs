@@ -173,6 +173,8 @@
 //! refuse longer documents before calling [`ServiceConfig::from_json`]; real service
 //! configs are a few kilobytes.
 
+mod policies;
+
 use std::collections::HashMap;
 use std::fmt;
 use std::str::FromStr;
