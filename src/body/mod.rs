@@ -597,10 +597,12 @@ impl<B: Body> State<B> {
         let mut hint = SizeHint::new();
         let lower = rest.lower().saturating_add(recorded);
         hint.set_lower(lower);
-        if let Some(upper) = rest.upper().and_then(|upper| upper.checked_add(recorded)) {
-            if upper >= lower {
-                hint.set_upper(upper);
-            }
+        // `upper >= lower` always holds for a valid source hint; checked anyway, as
+        // `set_upper` panics otherwise.
+        if let Some(upper) = rest.upper().and_then(|upper| upper.checked_add(recorded))
+            && upper >= lower
+        {
+            hint.set_upper(upper);
         }
         hint
     }
