@@ -1,1 +1,819 @@
-//! Replayable request bodies: to be written.
+//! Replayable request bodies.
+//!
+//! tonic's request body and hyper's streaming bodies are not `Clone`, so a later attempt of a
+//! call cannot simply send the request again. [`ReplayBody`] wraps any
+//! [`http_body::Body`] and records what the first attempt sends, so that every later (or
+//! parallel, hedged) attempt can send the same bytes and trailers.
+//!
+//! # Readers
+//!
+//! Each clone of a `ReplayBody` is a *reader* with its own position, and any number of them
+//! may be polled at the same time, from any threads:
+//!
+//! - the reader furthest ahead pulls the next frame from the source, records it and sends it
+//!   on at once: the first attempt streams with no added latency, and `Bytes` chunks are
+//!   recorded without a copy ([`Buf::copy_to_bytes`] on `Bytes` is a reference-count bump);
+//! - a reader behind it sends the recorded chunks, the very `Bytes` the source gave;
+//! - a reader that catches up waits for the source, and is woken when any reader records
+//!   new data, the trailers, the end or an error, or when the source itself is ready.
+//!
+//! [`size_hint`](http_body::Body::size_hint) and
+//! [`is_end_stream`](http_body::Body::is_end_stream) are exact for every reader, given what
+//! the source reports about itself. Trailers are recorded and replayed (they do not count
+//! towards the limits below).
+//!
+//! # Limits and commitment
+//!
+//! gRFC A6 bounds the memory used for retries twice: per call, and in total for all calls.
+//! [`BufferLimits`] holds both (256 KiB per call and 16 MiB in total by default); clones of a
+//! `BufferLimits` share the total. Bytes are counted exactly, as recorded.
+//!
+//! - A body whose size hint already says it is larger than the per-call limit, or than what
+//!   the total budget has left, is not recorded at all: [`ReplayBody::try_new`] gives it back
+//!   untouched, to be sent once with no retries.
+//! - A chunk that would take the call over either limit *commits* the call to the reader that
+//!   pulled it, the one that has sent the most. That reader sends the chunk and the rest of
+//!   the body as usual; the record is freed at once and its bytes go back to the budget;
+//!   every other reader, and every clone made later, fails with [`NotReplayable`], and
+//!   [`ReplayBody::is_committed`] tells the retry and hedge layers that no attempt may start.
+//! - The layers may commit a call themselves ([`ReplayBody::commit`]), for example once an
+//!   attempt receives response headers; the record is then freed as that reader sends it.
+//!
+//! # Errors from the source
+//!
+//! The source's error is not `Clone`, and the retry layers need the original to classify
+//! it, so only the reader that hit the error receives it. The call is then committed to that
+//! reader (no attempt can send the whole body any more), the record is freed, and every other
+//! reader fails with a [`NotReplayable`] that carries the source error's message
+//! ([`NotReplayable::is_source_failure`]).
+//!
+//! # Memory
+//!
+//! The record, the source and the trailers live in one shared state behind an `Arc`, and are
+//! released when the last clone is dropped (or, for the record, when the call is committed).
+//! Keep a never-polled clone as a template and clone it for each attempt: it holds the record
+//! only for as long as it lives, and since it never sends anything it is never the reader a
+//! call commits to.
+//!
+//! # Examples
+//!
+//! A body sent twice:
+//!
+//! ```
+//! use bytes::Bytes;
+//! use http_body_util::{BodyExt, Full};
+//! use tower_retry_hedge::body::{BufferLimits, ReplayBody};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), tower_retry_hedge::body::BoxError> {
+//! let limits = BufferLimits::default();
+//! let first = ReplayBody::try_new(Full::new(Bytes::from_static(b"hello")), &limits)
+//!     .map_err(|_| "body too large to replay")?;
+//! let template = first.clone(); // never polled; cloned for each later attempt
+//!
+//! assert_eq!(first.collect().await?.to_bytes(), "hello");
+//! assert_eq!(limits.in_use(), 5);
+//! assert_eq!(template.clone().collect().await?.to_bytes(), "hello");
+//! assert!(!template.is_committed());
+//!
+//! drop(template); // the last clone: the record is freed
+//! assert_eq!(limits.in_use(), 0);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Small limits: a streaming body that outgrows them commits the call to its first reader.
+//!
+//! ```
+//! use bytes::Bytes;
+//! use futures_util::stream;
+//! use http_body::Frame;
+//! use http_body_util::{BodyExt, StreamBody};
+//! use std::convert::Infallible;
+//! use tower_retry_hedge::body::{BufferLimits, NotReplayable, ReplayBody};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), tower_retry_hedge::body::BoxError> {
+//! let limits = BufferLimits::new(4, 64 * 1024); // 4 bytes per call, 64 KiB in all
+//! let frames = ["abcd", "efgh"].map(|s| Ok::<_, Infallible>(Frame::data(Bytes::from(s))));
+//! let first = ReplayBody::try_new(StreamBody::new(stream::iter(frames)), &limits)
+//!     .map_err(|_| "body too large to replay")?;
+//! let template = first.clone();
+//!
+//! // The first attempt gets the whole body; the record was freed when it outgrew 4 bytes.
+//! assert_eq!(first.collect().await?.to_bytes(), "abcdefgh");
+//! assert!(template.is_committed());
+//! assert_eq!(template.committed_reader(), Some(0));
+//! assert_eq!(limits.in_use(), 0);
+//!
+//! // A later attempt cannot be sent.
+//! let error = template.clone().collect().await.err().ok_or("a replay must fail")?;
+//! assert!(error.is::<NotReplayable>());
+//! # Ok(())
+//! # }
+//! ```
+
+mod buffer;
+mod wake;
+
+pub use buffer::BufferLimits;
+
+use buffer::{Overflow, Record};
+use bytes::{Buf, Bytes};
+use http::HeaderMap;
+use http_body::{Body, Frame, SizeHint};
+use std::fmt;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll, Waker};
+use wake::Waiters;
+
+/// A type-erased error, as tower, tonic and hyper use.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The most bytes of a source error's message that [`NotReplayable`] keeps.
+const MAX_SOURCE_MESSAGE: usize = 1024;
+
+/// A request body that can be sent more than once.
+///
+/// See the [module docs](self) for how clones read, record and commit.
+///
+/// ```
+/// use bytes::Bytes;
+/// use http_body_util::{BodyExt, Full};
+/// use tower_retry_hedge::body::{BufferLimits, ReplayBody};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), tower_retry_hedge::body::BoxError> {
+/// let limits = BufferLimits::default();
+/// let body = ReplayBody::try_new(Full::new(Bytes::from_static(b"ping")), &limits)
+///     .map_err(|_| "body too large to replay")?;
+/// let attempt = body.clone();
+/// assert_eq!((body.reader_id(), attempt.reader_id()), (0, 1));
+///
+/// // Readers are independent: the second attempt may even go first.
+/// assert_eq!(attempt.collect().await?.to_bytes(), "ping");
+/// assert_eq!(body.collect().await?.to_bytes(), "ping");
+/// # Ok(())
+/// # }
+/// ```
+pub struct ReplayBody<B> {
+    shared: Arc<Shared<B>>,
+    cursor: Cursor,
+}
+
+/// What every reader of one body shares.
+struct Shared<B> {
+    /// One lock for the source and the record. The source is polled while it is held: only
+    /// one reader may poll the source at a time in any case (`poll_frame` takes `&mut`), a
+    /// poll does not block, and the reader that polls records what it gets before anyone can
+    /// look, so no reader ever sees the source ahead of the record.
+    state: Mutex<State<B>>,
+    /// The readers waiting for the source.
+    waiters: Arc<Waiters>,
+    /// The waker the source is polled with: it wakes every reader in `waiters`.
+    source_waker: Waker,
+    /// The id the next clone gets.
+    next_id: AtomicU64,
+}
+
+/// The source and what it has sent so far.
+struct State<B> {
+    /// The source, until it has ended (or failed). It is boxed so that `B` need not be `Unpin`.
+    source: Option<Pin<Box<B>>>,
+    record: Record,
+    /// How the source ended, once it has; `Some` exactly when `source` is `None`.
+    end: Option<End>,
+    /// The reader the call is committed to, once it is.
+    commit: Option<Commit>,
+}
+
+/// How the source ended.
+#[derive(Debug)]
+enum End {
+    /// With no trailers (or after trailers that were not recorded, the call being committed).
+    Eos,
+    /// With these trailers.
+    Trailers(HeaderMap),
+    /// With an error, which went to the reader that hit it.
+    Failed,
+}
+
+/// The reader a call is committed to, and why.
+#[derive(Debug)]
+struct Commit {
+    reader: u64,
+    reason: Reason,
+}
+
+/// Why a body cannot be replayed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Reason {
+    /// A chunk would have taken the record over a limit.
+    Limit(Overflow),
+    /// [`ReplayBody::commit`] chose another reader.
+    Chosen,
+    /// The source failed, with this (bounded) message.
+    SourceFailed(Arc<str>),
+}
+
+/// One reader's place in the body.
+#[derive(Debug)]
+struct Cursor {
+    id: u64,
+    /// The number of the next recorded chunk this reader sends.
+    next_chunk: usize,
+    bytes_read: u64,
+    /// This reader has sent its last frame, or its error.
+    done: bool,
+}
+
+/// The outcome of one poll, with what to do once the lock is released.
+struct Step<B> {
+    poll: Poll<Option<Result<Frame<Bytes>, BoxError>>>,
+    /// The shared state changed: wake the other readers waiting for the source.
+    wake_others: bool,
+    /// A source that has ended, dropped outside the lock.
+    finished: Option<Pin<Box<B>>>,
+}
+
+impl<B> Step<B> {
+    fn ready(frame: Option<Result<Frame<Bytes>, BoxError>>) -> Step<B> {
+        Step {
+            poll: Poll::Ready(frame),
+            wake_others: false,
+            finished: None,
+        }
+    }
+
+    fn waking(mut self) -> Step<B> {
+        self.wake_others = true;
+        self
+    }
+}
+
+impl<B> ReplayBody<B>
+where
+    B: Body,
+    B::Data: Buf,
+    B::Error: Into<BoxError>,
+{
+    /// Wraps `body` so that it can be replayed within `limits`.
+    ///
+    /// Gives `body` back, untouched, if its size hint's lower bound is already over the
+    /// per-call limit or over what the total budget has left: such a body can only be sent
+    /// once, so it is better not to record any of it.
+    ///
+    /// The returned body is reader 0.
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use http_body_util::Full;
+    /// use tower_retry_hedge::body::{BufferLimits, ReplayBody};
+    ///
+    /// let limits = BufferLimits::new(4, 1024);
+    /// assert!(ReplayBody::try_new(Full::new(Bytes::from_static(b"four")), &limits).is_ok());
+    /// let too_big = ReplayBody::try_new(Full::new(Bytes::from_static(b"fives")), &limits);
+    /// assert!(too_big.is_err()); // the original body, to send without retries
+    /// ```
+    pub fn try_new(body: B, limits: &BufferLimits) -> Result<ReplayBody<B>, B> {
+        let lower = body.size_hint().lower();
+        let room = limits.per_call().min(limits.available());
+        if lower > u64::try_from(room).unwrap_or(u64::MAX) {
+            tracing::debug!(
+                size_hint.lower = lower,
+                per_call = limits.per_call(),
+                available = limits.available(),
+                "request body too large to record for replay"
+            );
+            return Err(body);
+        }
+        // An empty body is finished before it starts: nothing to poll, nothing to record.
+        let (source, end) = if body.is_end_stream() {
+            (None, Some(End::Eos))
+        } else {
+            (Some(Box::pin(body)), None)
+        };
+        let (waiters, source_waker) = Waiters::new();
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                source,
+                record: Record::new(limits.clone()),
+                end,
+                commit: None,
+            }),
+            waiters,
+            source_waker,
+            next_id: AtomicU64::new(1),
+        });
+        Ok(ReplayBody {
+            shared,
+            cursor: Cursor::new(0),
+        })
+    }
+}
+
+impl<B> ReplayBody<B> {
+    /// Whether the call is committed, so that no new attempt may start: a limit was crossed,
+    /// the source failed, or [`commit`](Self::commit) was called.
+    pub fn is_committed(&self) -> bool {
+        self.shared.lock().commit.is_some()
+    }
+
+    /// This reader's id: the body [`try_new`](Self::try_new) returns is 0, and each clone
+    /// gets the next one.
+    pub fn reader_id(&self) -> u64 {
+        self.cursor.id
+    }
+
+    /// The reader the call is committed to, if it is: it alone may go on sending the body.
+    ///
+    /// After a limit was crossed this is the reader that had sent the most; after a source
+    /// error, the reader that received the error.
+    pub fn committed_reader(&self) -> Option<u64> {
+        self.shared
+            .lock()
+            .commit
+            .as_ref()
+            .map(|commit| commit.reader)
+    }
+
+    /// How many body bytes this reader has sent.
+    pub fn bytes_read(&self) -> u64 {
+        self.cursor.bytes_read
+    }
+
+    /// Commits the call to this reader, unless it is committed already.
+    ///
+    /// For the retry and hedge layers, once an attempt is known to be the last (its response
+    /// headers have arrived, say): every other reader fails with [`NotReplayable`], what this
+    /// reader has sent is freed at once and the rest of the record as this reader sends it.
+    /// Returns whether the call is now committed to this reader.
+    ///
+    /// Never commit to a template that is not sent: no reader could then finish the body.
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use http_body_util::Full;
+    /// use tower_retry_hedge::body::{BufferLimits, ReplayBody};
+    ///
+    /// let limits = BufferLimits::default();
+    /// let template = ReplayBody::try_new(Full::new(Bytes::from_static(b"x")), &limits)
+    ///     .map_err(|_| "body too large to replay")?;
+    /// let (first, second) = (template.clone(), template.clone());
+    /// assert!(second.commit());
+    /// assert!(!first.commit());
+    /// assert_eq!(template.committed_reader(), Some(second.reader_id()));
+    /// # Ok::<(), &str>(())
+    /// ```
+    pub fn commit(&self) -> bool {
+        let committed = {
+            let mut state = self.shared.lock();
+            if let Some(commit) = &state.commit {
+                return commit.reader == self.cursor.id;
+            }
+            state.commit = Some(Commit {
+                reader: self.cursor.id,
+                reason: Reason::Chosen,
+            });
+            state.record.free_before(self.cursor.next_chunk);
+            tracing::debug!(reader = self.cursor.id, "request body committed");
+            true
+        };
+        // Readers waiting at the front must learn that they will never be sent anything.
+        self.shared.waiters.wake_all_except(Some(self.cursor.id));
+        committed
+    }
+}
+
+impl<B> Shared<B> {
+    fn lock(&self) -> MutexGuard<'_, State<B>> {
+        // A poisoned lock means the source panicked while being polled; the state is only
+        // changed after a poll returns, so it is still consistent.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Cursor {
+    fn new(id: u64) -> Cursor {
+        Cursor {
+            id,
+            next_chunk: 0,
+            bytes_read: 0,
+            done: false,
+        }
+    }
+
+    fn sent(&mut self, chunk: &Bytes) {
+        let len = u64::try_from(chunk.len()).unwrap_or(u64::MAX);
+        self.bytes_read = self.bytes_read.saturating_add(len);
+    }
+
+    /// Why this reader cannot go on, if the call is committed to another one.
+    fn excluded<'a>(&self, commit: &'a Option<Commit>) -> Option<&'a Reason> {
+        commit
+            .as_ref()
+            .filter(|commit| commit.reader != self.id)
+            .map(|commit| &commit.reason)
+    }
+
+    fn fail(&mut self, reason: Reason) -> BoxError {
+        self.done = true;
+        Box::new(NotReplayable { reason })
+    }
+}
+
+impl<B> State<B>
+where
+    B: Body,
+    B::Data: Buf,
+    B::Error: Into<BoxError>,
+{
+    /// Polls for `cursor`'s next frame, from the record or else from the source.
+    fn poll_reader(
+        &mut self,
+        cursor: &mut Cursor,
+        shared: &Shared<B>,
+        cx: &mut Context<'_>,
+    ) -> Step<B> {
+        if let Some(reason) = cursor.excluded(&self.commit) {
+            let reason = reason.clone();
+            return Step::ready(Some(Err(cursor.fail(reason))));
+        }
+
+        // Behind the front: send the recorded chunk, the same `Bytes` the source gave.
+        if cursor.next_chunk < self.record.end() {
+            let Some(chunk) = self.record.get(cursor.next_chunk).cloned() else {
+                // Chunks are freed only behind the reader the call is committed to, and
+                // that is not this one.
+                return Step::ready(Some(Err(cursor.fail(Reason::Chosen))));
+            };
+            cursor.next_chunk = cursor.next_chunk.saturating_add(1);
+            cursor.sent(&chunk);
+            if self.commit.is_some() {
+                // Committed to this reader: what it has sent will never be sent again.
+                self.record.free_before(cursor.next_chunk);
+            }
+            return Step::ready(Some(Ok(Frame::data(chunk))));
+        }
+
+        // At the front: the source has ended, or this reader polls it.
+        match &self.end {
+            Some(End::Eos) => {
+                cursor.done = true;
+                return Step::ready(None);
+            }
+            Some(End::Trailers(trailers)) => {
+                cursor.done = true;
+                return Step::ready(Some(Ok(Frame::trailers(trailers.clone()))));
+            }
+            Some(End::Failed) => {
+                // Only the reader that hit the error could be here, and it is done.
+                cursor.done = true;
+                return Step::ready(None);
+            }
+            None => {}
+        }
+        self.poll_source(cursor, shared, cx)
+    }
+
+    fn poll_source(
+        &mut self,
+        cursor: &mut Cursor,
+        shared: &Shared<B>,
+        cx: &mut Context<'_>,
+    ) -> Step<B> {
+        loop {
+            let Some(source) = self.source.as_mut() else {
+                // `end` is set whenever the source is taken; nothing more will come.
+                cursor.done = true;
+                return Step::ready(None);
+            };
+            // Some bodies panic when polled after their end; never poll one that says so.
+            if source.is_end_stream() {
+                return self.finish(End::Eos, cursor, Step::ready(None));
+            }
+            shared.waiters.register(cursor.id, cx.waker());
+            let mut source_cx = Context::from_waker(&shared.source_waker);
+            let frame = match source.as_mut().poll_frame(&mut source_cx) {
+                Poll::Pending => {
+                    return Step {
+                        poll: Poll::Pending,
+                        wake_others: false,
+                        finished: None,
+                    };
+                }
+                Poll::Ready(None) => return self.finish(End::Eos, cursor, Step::ready(None)),
+                Poll::Ready(Some(Err(error))) => {
+                    let error: BoxError = error.into();
+                    let message = bounded_message(&error);
+                    tracing::debug!(reader = cursor.id, %message, "request body source failed");
+                    if self.commit.is_none() {
+                        self.commit = Some(Commit {
+                            reader: cursor.id,
+                            reason: Reason::SourceFailed(message),
+                        });
+                    }
+                    self.record.free_all();
+                    return self.finish(End::Failed, cursor, Step::ready(Some(Err(error))));
+                }
+                Poll::Ready(Some(Ok(frame))) => frame,
+            };
+            let trailers = match frame.into_data() {
+                Ok(mut data) => {
+                    let len = data.remaining();
+                    // Zero-copy when `data` is `Bytes`: a reference-count bump.
+                    let chunk = data.copy_to_bytes(len);
+                    cursor.sent(&chunk);
+                    let step = Step::ready(Some(Ok(Frame::data(chunk.clone()))));
+                    if chunk.is_empty() || self.commit.is_some() {
+                        // Nothing to record: an empty chunk, or a committed call.
+                        return step;
+                    }
+                    match self.record.try_push(&chunk) {
+                        Ok(()) => cursor.next_chunk = self.record.end(),
+                        Err(overflow) => {
+                            tracing::debug!(
+                                reader = cursor.id,
+                                bytes_read = cursor.bytes_read,
+                                ?overflow,
+                                "request body outgrew the retry buffer; committed"
+                            );
+                            self.commit = Some(Commit {
+                                reader: cursor.id,
+                                reason: Reason::Limit(overflow),
+                            });
+                            self.record.free_all();
+                        }
+                    }
+                    return step.waking();
+                }
+                Err(frame) => frame.into_trailers(),
+            };
+            match trailers {
+                Ok(trailers) => {
+                    let end = if self.commit.is_none() {
+                        End::Trailers(trailers.clone())
+                    } else {
+                        End::Eos
+                    };
+                    let step = Step::ready(Some(Ok(Frame::trailers(trailers))));
+                    return self.finish(end, cursor, step);
+                }
+                // A kind of frame this crate does not know: it cannot be replayed, so it is
+                // not sent either.
+                Err(_) => continue,
+            }
+        }
+    }
+
+    /// Records how the source ended; `cursor`'s `step` is its last frame.
+    fn finish(&mut self, end: End, cursor: &mut Cursor, step: Step<B>) -> Step<B> {
+        self.end = Some(end);
+        cursor.done = true;
+        Step {
+            finished: self.source.take(),
+            ..step
+        }
+        .waking()
+    }
+}
+
+impl<B: Body> State<B> {
+    fn size_hint(&self, cursor: &Cursor) -> SizeHint {
+        if cursor.done || cursor.excluded(&self.commit).is_some() {
+            return SizeHint::with_exact(0);
+        }
+        let recorded = if cursor.next_chunk < self.record.end() {
+            self.record.end_offset().saturating_sub(cursor.bytes_read)
+        } else {
+            0
+        };
+        let Some(source) = &self.source else {
+            return SizeHint::with_exact(recorded);
+        };
+        let rest = source.size_hint();
+        let mut hint = SizeHint::new();
+        let lower = rest.lower().saturating_add(recorded);
+        hint.set_lower(lower);
+        // `upper >= lower` always holds for a valid source hint; checked anyway, as
+        // `set_upper` panics otherwise.
+        if let Some(upper) = rest.upper().and_then(|upper| upper.checked_add(recorded))
+            && upper >= lower
+        {
+            hint.set_upper(upper);
+        }
+        hint
+    }
+
+    fn is_end_stream(&self, cursor: &Cursor) -> bool {
+        if cursor.done {
+            return true;
+        }
+        if cursor.excluded(&self.commit).is_some() || cursor.next_chunk < self.record.end() {
+            return false;
+        }
+        match (&self.end, &self.source) {
+            (Some(End::Eos), _) => true,
+            (Some(End::Trailers(_) | End::Failed), _) => false,
+            (None, Some(source)) => source.is_end_stream(),
+            (None, None) => true,
+        }
+    }
+}
+
+impl<B> Body for ReplayBody<B>
+where
+    B: Body,
+    B::Data: Buf,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        if this.cursor.done {
+            return Poll::Ready(None);
+        }
+        let step = {
+            let mut state = this.shared.lock();
+            state.poll_reader(&mut this.cursor, &this.shared, cx)
+        };
+        // Outside the lock: a source's drop and a waker may run arbitrary code.
+        drop(step.finished);
+        if step.wake_others {
+            this.shared.waiters.wake_all_except(Some(this.cursor.id));
+        }
+        step.poll
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.cursor.done || self.shared.lock().is_end_stream(&self.cursor)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        if self.cursor.done {
+            return SizeHint::with_exact(0);
+        }
+        self.shared.lock().size_hint(&self.cursor)
+    }
+}
+
+impl<B> Clone for ReplayBody<B> {
+    /// A new reader, at the start of the body, with the next reader id.
+    fn clone(&self) -> Self {
+        let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
+        ReplayBody {
+            shared: Arc::clone(&self.shared),
+            cursor: Cursor::new(id),
+        }
+    }
+}
+
+impl<B> Drop for ReplayBody<B> {
+    fn drop(&mut self) {
+        // The last clone's drop frees the record and the source with the shared state.
+        self.shared.waiters.remove(self.cursor.id);
+    }
+}
+
+impl<B> fmt::Debug for ReplayBody<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReplayBody")
+            .field("reader_id", &self.cursor.id)
+            .field("bytes_read", &self.cursor.bytes_read)
+            .field("done", &self.cursor.done)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The error a reader gets when the body cannot be replayed: the call was committed to
+/// another reader, because the body outgrew a limit, because the layers chose that reader,
+/// or because the source failed (the source's error went to the reader that hit it).
+///
+/// ```
+/// use bytes::Bytes;
+/// use http_body_util::{BodyExt, Full};
+/// use tower_retry_hedge::body::{BufferLimits, NotReplayable, ReplayBody};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), tower_retry_hedge::body::BoxError> {
+/// let limits = BufferLimits::default();
+/// let template = ReplayBody::try_new(Full::new(Bytes::from_static(b"x")), &limits)
+///     .map_err(|_| "body too large to replay")?;
+/// template.clone().commit();
+/// let error = template.clone().collect().await.err().ok_or("must fail")?;
+/// let error = error.downcast_ref::<NotReplayable>().ok_or("not a NotReplayable")?;
+/// assert!(!error.is_source_failure());
+/// assert_eq!(
+///     error.to_string(),
+///     "request body cannot be replayed: the call was committed to another attempt"
+/// );
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NotReplayable {
+    reason: Reason,
+}
+
+impl NotReplayable {
+    /// Whether the body cannot be replayed because its source failed (rather than because
+    /// the call outgrew a limit or was committed to another attempt).
+    pub fn is_source_failure(&self) -> bool {
+        matches!(self.reason, Reason::SourceFailed(_))
+    }
+
+    /// Whether the body cannot be replayed because it outgrew the per-call limit or the
+    /// total budget of [`BufferLimits`].
+    pub fn is_over_limit(&self) -> bool {
+        matches!(self.reason, Reason::Limit(_))
+    }
+}
+
+impl fmt::Display for NotReplayable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.reason {
+            Reason::Limit(Overflow::PerCall) => f.write_str(
+                "request body exceeded the per-call retry buffer limit and cannot be replayed",
+            ),
+            Reason::Limit(Overflow::Total) => f.write_str(
+                "request body exceeded the total retry buffer budget and cannot be replayed",
+            ),
+            Reason::Chosen => f.write_str(
+                "request body cannot be replayed: the call was committed to another attempt",
+            ),
+            Reason::SourceFailed(message) => {
+                write!(
+                    f,
+                    "request body cannot be replayed: its source failed: {message}"
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for NotReplayable {}
+
+/// `error`'s message, cut to at most [`MAX_SOURCE_MESSAGE`] bytes without ever formatting
+/// more than that (the source's `Display` is not ours to trust).
+fn bounded_message(error: &BoxError) -> Arc<str> {
+    struct Bounded(String);
+
+    impl fmt::Write for Bounded {
+        fn write_str(&mut self, s: &str) -> fmt::Result {
+            let room = MAX_SOURCE_MESSAGE.saturating_sub(self.0.len());
+            if s.len() <= room {
+                self.0.push_str(s);
+                return Ok(());
+            }
+            self.0.push_str(&s[..s.floor_char_boundary(room)]);
+            // Stops the formatting: the message is full.
+            Err(fmt::Error)
+        }
+    }
+
+    let mut message = Bounded(String::new());
+    let _ = fmt::write(&mut message, format_args!("{error}"));
+    Arc::from(message.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn source_messages_are_bounded_on_a_char_boundary() {
+        let long: BoxError = "é".repeat(MAX_SOURCE_MESSAGE).into();
+        let message = bounded_message(&long);
+        assert!(message.len() <= MAX_SOURCE_MESSAGE);
+        assert!(message.len() >= MAX_SOURCE_MESSAGE - 1);
+        assert!(message.chars().all(|c| c == 'é'));
+
+        let short: BoxError = "boom".into();
+        assert_eq!(&*bounded_message(&short), "boom");
+    }
+
+    #[test]
+    fn display_is_lower_case_and_names_the_limit() {
+        let cases = [
+            (Reason::Limit(Overflow::PerCall), "per-call"),
+            (Reason::Limit(Overflow::Total), "total"),
+            (Reason::Chosen, "committed"),
+            (
+                Reason::SourceFailed(Arc::from("reset")),
+                "source failed: reset",
+            ),
+        ];
+        for (reason, needle) in cases {
+            let text = NotReplayable { reason }.to_string();
+            assert!(text.starts_with("request body"), "{text}");
+            assert!(text.contains(needle), "{text}");
+        }
+    }
+}

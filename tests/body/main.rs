@@ -1,0 +1,5 @@
+//! Tests of the replayable request body.
+
+mod props;
+mod rules;
+mod support;

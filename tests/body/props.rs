@@ -1,0 +1,384 @@
+//! Property tests: random bodies, limits, readers and interleavings of polls.
+
+use crate::support::*;
+use bytes::Bytes;
+use http::HeaderMap;
+use http_body::{Body, SizeHint};
+use http_body_util::Full;
+use proptest::prelude::*;
+use std::sync::Arc;
+use std::task::{Poll, Waker};
+use tower_retry_hedge::body::{BufferLimits, NotReplayable, ReplayBody};
+
+/// At most this many readers (attempts) live at once, besides the template.
+const MAX_READERS: usize = 5;
+
+#[derive(Clone, Debug)]
+enum Op {
+    /// Poll reader `n % live` (woken or not: polls may come at any time).
+    Poll(usize),
+    /// Clone reader `n % live`, or the template when `n % (live + 1) == live`.
+    Clone(usize),
+    /// Drop reader `n % live`.
+    Drop(usize),
+    /// Let the source past one `Wait` step.
+    Open,
+}
+
+#[derive(Clone, Debug)]
+struct Case {
+    chunks: Vec<Vec<u8>>,
+    /// Before each chunk (and before the end): 0 nothing, 1 `Wait`, 2 `Yield`.
+    pauses: Vec<u8>,
+    trailers: bool,
+    fail: bool,
+    exact: bool,
+    per_call: usize,
+    total: usize,
+    /// Bytes another call of the same layer holds in the budget.
+    other: usize,
+    ops: Vec<Op>,
+}
+
+fn limit() -> impl Strategy<Value = usize> {
+    prop_oneof![0usize..64, 0usize..400, Just(1 << 20)]
+}
+
+fn case(fail: bool) -> impl Strategy<Value = Case> {
+    let op = prop_oneof![
+        6 => any::<usize>().prop_map(Op::Poll),
+        1 => any::<usize>().prop_map(Op::Clone),
+        1 => any::<usize>().prop_map(Op::Drop),
+        1 => Just(Op::Open),
+    ];
+    (
+        prop::collection::vec(prop::collection::vec(any::<u8>(), 0..48), 0..10),
+        prop::collection::vec(0u8..3, 11),
+        any::<bool>(),
+        any::<bool>(),
+        limit(),
+        limit(),
+        0usize..64,
+        prop::collection::vec(op, 0..120),
+    )
+        .prop_map(
+            move |(chunks, pauses, trailers, exact, per_call, total, other, ops)| Case {
+                chunks,
+                pauses,
+                trailers: trailers && !fail,
+                fail,
+                exact,
+                per_call,
+                total,
+                other,
+                ops,
+            },
+        )
+}
+
+impl Case {
+    fn steps(&self) -> Vec<Step> {
+        let mut steps = Vec::new();
+        let pause = |steps: &mut Vec<Step>, at: usize| match self.pauses.get(at) {
+            Some(1) => steps.push(Step::Wait),
+            Some(2) => steps.push(Step::Yield),
+            _ => {}
+        };
+        for (at, chunk) in self.chunks.iter().enumerate() {
+            pause(&mut steps, at);
+            steps.push(Step::Data(Bytes::from(chunk.clone())));
+        }
+        pause(&mut steps, self.chunks.len());
+        if self.trailers {
+            steps.push(Step::Trailers(trailers("0")));
+        }
+        if self.fail {
+            steps.push(Step::Fail("boom"));
+        }
+        steps
+    }
+
+    fn body(&self) -> Vec<u8> {
+        self.chunks.concat()
+    }
+
+    fn trailers(&self) -> Option<HeaderMap> {
+        self.trailers.then(|| trailers("0"))
+    }
+}
+
+#[derive(Debug)]
+enum Outcome {
+    Open,
+    Ended,
+    SourceFailed,
+    NotReplayable(NotReplayable),
+}
+
+struct Reader {
+    body: ReplayBody<Script>,
+    woken: Arc<Count>,
+    waker: Waker,
+    /// Wakes seen when it was last polled.
+    seen: usize,
+    /// Its last poll was `Pending`.
+    waiting: bool,
+    data: Vec<u8>,
+    trailers: Option<HeaderMap>,
+    outcome: Outcome,
+    /// (bytes sent so far, size hint) before each poll.
+    hints: Vec<(usize, SizeHint)>,
+}
+
+impl Reader {
+    fn new(body: ReplayBody<Script>) -> Reader {
+        let (woken, waker) = counting_waker();
+        Reader {
+            body,
+            woken,
+            waker,
+            seen: 0,
+            waiting: false,
+            data: Vec::new(),
+            trailers: None,
+            outcome: Outcome::Open,
+            hints: Vec::new(),
+        }
+    }
+
+    fn runnable(&self) -> bool {
+        matches!(self.outcome, Outcome::Open) && (!self.waiting || self.woken.get() > self.seen)
+    }
+
+    fn poll(&mut self) -> Result<(), TestCaseError> {
+        if !matches!(self.outcome, Outcome::Open) {
+            return Ok(());
+        }
+        let hint = self.body.size_hint();
+        let ended = self.body.is_end_stream();
+        self.hints.push((self.data.len(), hint));
+        self.seen = self.woken.get();
+        let polled = poll(&mut self.body, &self.waker);
+        self.waiting = polled.is_pending();
+        if ended {
+            prop_assert!(
+                matches!(polled, Poll::Ready(None)),
+                "is_end_stream() said the end, the poll gave {polled:?}"
+            );
+        }
+        match polled {
+            Poll::Pending => {}
+            Poll::Ready(None) => self.outcome = Outcome::Ended,
+            Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                Ok(data) => self.data.extend_from_slice(&data),
+                Err(frame) => {
+                    prop_assert!(self.trailers.is_none(), "trailers twice");
+                    self.trailers = frame.into_trailers().ok();
+                }
+            },
+            Poll::Ready(Some(Err(error))) => {
+                self.outcome = match error.downcast::<NotReplayable>() {
+                    Ok(error) => Outcome::NotReplayable(*error),
+                    Err(error) => {
+                        prop_assert_eq!(
+                            error.downcast_ref::<SourceError>(),
+                            Some(&SourceError("boom"))
+                        );
+                        Outcome::SourceFailed
+                    }
+                }
+            }
+        }
+        prop_assert_eq!(self.body.bytes_read(), self.data.len() as u64);
+        Ok(())
+    }
+}
+
+fn run(case: Case) -> Result<(), TestCaseError> {
+    let limits = BufferLimits::new(case.per_call, case.total);
+    let original = case.body();
+    let original_len = original.len();
+
+    // Another call of the same layer, holding part of the total budget.
+    let other = ReplayBody::try_new(Full::new(Bytes::from(vec![7u8; case.other])), &limits)
+        .ok()
+        .map(|mut other| {
+            let _ = drain(&mut other);
+            other
+        });
+    let held_by_other = limits.in_use();
+    let room = case.per_call.min(case.total - held_by_other);
+
+    let (script, gate) = Script::new(case.steps(), case.exact);
+    let template = match ReplayBody::try_new(script, &limits) {
+        Ok(template) => template,
+        Err(mut script) => {
+            prop_assert!(case.exact && original_len > room, "rejected for no reason");
+            // Given back untouched.
+            let mut sent = Vec::new();
+            while let Poll::Ready(Some(Ok(frame))) = poll_script(&mut script, &gate) {
+                if let Ok(data) = frame.into_data() {
+                    sent.extend_from_slice(&data);
+                }
+            }
+            prop_assert_eq!(sent, original);
+            return Ok(());
+        }
+    };
+    prop_assert!(!case.exact || original_len <= room);
+
+    let mut readers = vec![Reader::new(template.clone())];
+    let mut finished = Vec::new();
+    let check_budget = |limits: &BufferLimits| -> Result<(), TestCaseError> {
+        prop_assert!(limits.in_use() <= case.total);
+        prop_assert!(limits.in_use() <= held_by_other + room);
+        Ok(())
+    };
+
+    for op in &case.ops {
+        match *op {
+            Op::Poll(n) if !readers.is_empty() => {
+                let at = n % readers.len();
+                readers[at].poll()?;
+            }
+            Op::Clone(n) if readers.len() < MAX_READERS => {
+                let at = n % (readers.len() + 1);
+                let body = match readers.get(at) {
+                    Some(reader) => reader.body.clone(),
+                    None => template.clone(),
+                };
+                readers.push(Reader::new(body));
+            }
+            Op::Drop(n) if !readers.is_empty() => {
+                let at = n % readers.len();
+                finished.push(readers.swap_remove(at));
+            }
+            Op::Open => gate.open(),
+            _ => {}
+        }
+        check_budget(&limits)?;
+    }
+
+    // Drive every live reader to its end as an executor would: poll only readers that were
+    // woken, and open the source when no one can run. A lost wake-up leaves a reader open.
+    for _ in 0..10_000 {
+        if let Some(reader) = readers.iter_mut().find(|reader| reader.runnable()) {
+            reader.poll()?;
+            check_budget(&limits)?;
+        } else if gate.is_waiting() {
+            gate.open();
+        } else {
+            break;
+        }
+    }
+    for reader in &readers {
+        prop_assert!(
+            !matches!(reader.outcome, Outcome::Open),
+            "reader {} was never woken",
+            reader.body.reader_id()
+        );
+    }
+
+    let committed = template.committed_reader();
+    prop_assert_eq!(template.is_committed(), committed.is_some());
+    let over_limit = original_len > room;
+    let mut source_errors = 0;
+    for reader in readers.iter().chain(&finished) {
+        prop_assert!(
+            original.starts_with(&reader.data),
+            "sent bytes that are not the body's"
+        );
+        match &reader.outcome {
+            Outcome::Open => {}
+            Outcome::Ended => {
+                prop_assert!(!case.fail);
+                prop_assert_eq!(&reader.data, &original);
+                prop_assert_eq!(&reader.trailers, &case.trailers());
+                // Each size hint was right about what came after it.
+                for (sent, hint) in &reader.hints {
+                    let rest = (original_len - sent) as u64;
+                    prop_assert!(hint.lower() <= rest, "{hint:?} over {rest}");
+                    prop_assert!(hint.upper().is_none_or(|upper| rest <= upper));
+                    if case.exact {
+                        prop_assert_eq!(hint.exact(), Some(rest));
+                    }
+                }
+            }
+            Outcome::SourceFailed => {
+                source_errors += 1;
+                prop_assert!(case.fail);
+                prop_assert_eq!(reader.data.len(), original_len);
+            }
+            Outcome::NotReplayable(error) => {
+                prop_assert!(committed.is_some());
+                prop_assert_ne!(committed, Some(reader.body.reader_id()));
+                if error.is_over_limit() {
+                    prop_assert!(over_limit, "failed with the body inside the limits");
+                } else {
+                    prop_assert!(error.is_source_failure());
+                    prop_assert!(case.fail);
+                }
+            }
+        }
+    }
+    prop_assert!(
+        source_errors <= 1,
+        "the source error went to one reader only"
+    );
+    if source_errors == 1 {
+        prop_assert_eq!(
+            limits.in_use(),
+            held_by_other,
+            "the record is freed on error"
+        );
+    }
+    if committed.is_some() && !case.fail {
+        prop_assert!(over_limit, "committed with the body inside the limits");
+        prop_assert_eq!(
+            limits.in_use(),
+            held_by_other,
+            "the record is freed on commit"
+        );
+    }
+
+    drop(readers);
+    drop(finished);
+    drop(template);
+    prop_assert_eq!(limits.in_use(), held_by_other);
+    drop(other);
+    prop_assert_eq!(limits.in_use(), 0);
+    prop_assert!(!gate.source_alive());
+    Ok(())
+}
+
+fn poll_script(
+    script: &mut Script,
+    gate: &Gate,
+) -> Poll<Option<Result<http_body::Frame<Bytes>, SourceError>>> {
+    loop {
+        if script.is_end_stream() {
+            return Poll::Ready(None);
+        }
+        let polled = std::pin::Pin::new(&mut *script)
+            .poll_frame(&mut std::task::Context::from_waker(Waker::noop()));
+        match polled {
+            Poll::Pending if gate.is_waiting() => gate.open(),
+            Poll::Pending => {}
+            other => return other,
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(1024))]
+
+    #[test]
+    fn every_reader_sends_the_body_or_fails_for_a_reason(case in case(false)) {
+        run(case)?;
+    }
+
+    #[test]
+    fn a_failing_source_fails_every_reader_once(case in case(true)) {
+        run(case)?;
+    }
+}
