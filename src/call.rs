@@ -96,11 +96,6 @@ impl<B: Replay> Call<B> {
         }
     }
 
-    /// Whether the body could be replayed at all (false: the call is sent once).
-    pub(crate) fn is_replayable(&self) -> bool {
-        matches!(self.body, Body::Copies(_))
-    }
-
     /// After commit, the reader id of the attempt that goes on.
     pub(crate) fn committed_reader(&self) -> Option<u64> {
         match &self.body {

@@ -114,9 +114,11 @@
 //! ```
 
 mod buffer;
+mod copies;
 mod wake;
 
 pub use buffer::BufferLimits;
+pub use copies::{Clones, Copies, Recorded, Replay};
 
 use buffer::{Overflow, Record};
 use bytes::{Buf, Bytes};
@@ -129,8 +131,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll, Waker};
 use wake::Waiters;
 
-/// A type-erased error, as tower, tonic and hyper use.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub use crate::BoxError;
 
 /// The most bytes of a source error's message that [`NotReplayable`] keeps.
 const MAX_SOURCE_MESSAGE: usize = 1024;

@@ -1,7 +1,5 @@
 //! Service config → the policy table and throttle of the layers.
 
-use std::time::Duration;
-
 use super::{MethodConfig, MethodPolicy as ConfigPolicy, ServiceConfig};
 use crate::backoff::{Exponential, Jitter};
 use crate::policy::{HedgePolicy, MethodPolicy, Policies, PoliciesBuilder, RetryPolicy};
@@ -125,6 +123,7 @@ fn method_policy(config: &MethodConfig, jitter: Jitter) -> Option<MethodPolicy> 
 mod tests {
     use super::*;
     use http::Method;
+    use std::time::Duration;
 
     const A6: &str = r#"{
       "loadBalancingPolicy": "round_robin",
