@@ -14,14 +14,10 @@ use crate::metadata::{AttemptInfo, Attempts, GRPC_PREVIOUS_RPC_ATTEMPTS, TriedBa
 /// Whether a request is a gRPC call: its content type is `application/grpc` or
 /// `application/grpc+<codec>`.
 pub(crate) fn is_grpc<B>(request: &Request<B>) -> bool {
-    request
-        .headers()
-        .get(CONTENT_TYPE)
-        .is_some_and(|v| {
-            let v = v.as_bytes();
-            v.starts_with(b"application/grpc")
-                && matches!(v.get(16), None | Some(b'+') | Some(b';'))
-        })
+    request.headers().get(CONTENT_TYPE).is_some_and(|v| {
+        let v = v.as_bytes();
+        v.starts_with(b"application/grpc") && matches!(v.get(16), None | Some(b'+') | Some(b';'))
+    })
 }
 
 enum Body<B: Replay> {

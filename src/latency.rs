@@ -63,7 +63,9 @@ impl fmt::Display for AdaptiveDelayError {
 impl std::error::Error for AdaptiveDelayError {}
 
 fn bucket_of(latency: Duration) -> usize {
-    let us = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX).max(1);
+    let us = u64::try_from(latency.as_micros())
+        .unwrap_or(u64::MAX)
+        .max(1);
     let log2 = 63 - us.leading_zeros();
     if log2 >= MAX_LOG2 {
         return BUCKETS - 1;
@@ -188,7 +190,11 @@ impl AdaptiveDelay {
             let mut seen = 0u64;
             let mut found = BUCKETS - 1;
             for bucket in 0..BUCKETS {
-                seen += window.slots.iter().map(|s| u64::from(s[bucket])).sum::<u64>();
+                seen += window
+                    .slots
+                    .iter()
+                    .map(|s| u64::from(s[bucket]))
+                    .sum::<u64>();
                 if seen >= rank {
                     found = bucket;
                     break;
@@ -283,7 +289,22 @@ mod tests {
     #[test]
     fn buckets_are_monotonic_and_tight() {
         let mut last = 0;
-        for us in [1u64, 2, 3, 7, 8, 9, 15, 16, 100, 1000, 1023, 1024, 50_000, 1 << 27] {
+        for us in [
+            1u64,
+            2,
+            3,
+            7,
+            8,
+            9,
+            15,
+            16,
+            100,
+            1000,
+            1023,
+            1024,
+            50_000,
+            1 << 27,
+        ] {
             let b = bucket_of(Duration::from_micros(us));
             assert!(b >= last, "{us}");
             last = b;
@@ -337,7 +358,12 @@ mod tests {
             .unwrap();
         let _guard = rt.enter();
         assert!(AdaptiveDelay::builder().percentile(0.0).build().is_err());
-        assert!(AdaptiveDelay::builder().percentile(f64::NAN).build().is_err());
+        assert!(
+            AdaptiveDelay::builder()
+                .percentile(f64::NAN)
+                .build()
+                .is_err()
+        );
         assert!(AdaptiveDelay::builder().percentile(1.5).build().is_err());
         assert!(
             AdaptiveDelay::builder()

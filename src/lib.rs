@@ -1,6 +1,105 @@
-//! gRPC A6 retries and hedging for any [`tower_service::Service`].
+//! gRFC A6 retries and hedging for any [`tower_service::Service`] of `http::Request`s:
+//! tonic channels, hyper-util clients, and any tower stack.
 //!
-//! Crate docs are completed as the layers land.
+//! - [`RetryLayer`]: exponential backoff with jitter, retryable status codes, server pushback
+//!   (`grpc-retry-pushback-ms`, `Retry-After`), a deadline across attempts, the A6 retry
+//!   throttle, transparent retries, attempt metadata and statistics.
+//! - [`HedgeLayer`]: several copies of a request in flight, the first good answer wins;
+//!   non-fatal codes, pushback, throttle gating, a fixed or adaptive delay.
+//! - Request bodies are replayed from a record within buffer limits ([`body`]), so streaming
+//!   bodies (tonic's, hyper's) can be retried: the reason no Rust crate could retry a tonic
+//!   channel before.
+//! - Policies come from code ([`Policies`]) or from the same gRPC service-config JSON that a
+//!   grpc-go or grpc-java client is given ([`config::ServiceConfig`]).
+//! - The building blocks stand alone: [`backoff`] schedules for a reconnect loop,
+//!   [`throttle`], the header parsers in [`pushback`] and [`grpc_timeout`].
+//!
+//! # Quick start: tonic
+//!
+//! ```no_run
+//! # #[cfg(feature = "tonic")]
+//! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
+//! use tower::ServiceBuilder;
+//! use tower_retry_hedge::config::ServiceConfig;
+//! use tower_retry_hedge::{HedgeLayer, RetryLayer};
+//!
+//! // The JSON a grpc-go client would be given.
+//! let policies = ServiceConfig::from_json(r#"{
+//!   "methodConfig": [{
+//!     "name": [{"service": "helloworld.Greeter"}],
+//!     "retryPolicy": {
+//!       "maxAttempts": 4, "initialBackoff": "0.1s", "maxBackoff": "1s",
+//!       "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]
+//!     }
+//!   }],
+//!   "retryThrottling": {"maxTokens": 10, "tokenRatio": 0.1}
+//! }"#)?
+//! .policies();
+//!
+//! let channel = tonic::transport::Channel::from_static("http://127.0.0.1:50051").connect().await?;
+//! let svc = ServiceBuilder::new()
+//!     .layer(HedgeLayer::new(policies.clone()))
+//!     .layer(RetryLayer::new(policies))
+//!     .service(channel);
+//! // let mut client = GreeterClient::new(svc);  // generated code, unchanged
+//! # let _ = svc;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Quick start: hyper
+//!
+//! ```no_run
+//! # async fn example() -> Result<(), tower_retry_hedge::BoxError> {
+//! use bytes::Bytes;
+//! use http_body_util::{combinators::BoxBody, BodyExt, Full};
+//! use hyper_util::client::legacy::Client;
+//! use hyper_util::rt::TokioExecutor;
+//! use tower::{ServiceBuilder, ServiceExt};
+//! use tower_retry_hedge::classify::HttpStatuses;
+//! use tower_retry_hedge::policy::Route;
+//! use tower_retry_hedge::{BoxError, Policies, RetryLayer, RetryPolicy};
+//!
+//! let policy = RetryPolicy::builder()
+//!     .max_attempts(3)
+//!     .retryable(HttpStatuses::default()) // 502, 503, 504, and 429 with Retry-After
+//!     .build()?;
+//! let policies = Policies::builder().route(Route::prefix("/api"), policy).build();
+//!
+//! let client = Client::builder(TokioExecutor::new()).build_http::<BoxBody<Bytes, BoxError>>();
+//! let svc = ServiceBuilder::new().layer(RetryLayer::new(policies)).service(client);
+//! let body = Full::new(Bytes::from("hello")).map_err(|e| match e {}).boxed();
+//! let request = http::Request::put("http://127.0.0.1:8080/api/items/1").body(body)?;
+//! let response = svc.oneshot(request).await?;
+//! # let _ = response;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Features
+//!
+//! | feature | default | what it adds |
+//! |---|---|---|
+//! | `tonic` | no | `tonic::body::Body` can be replayed; a gRPC call past its deadline fails with `tonic::Status::deadline_exceeded` |
+//! | `h2` | no | HTTP/2 `REFUSED_STREAM` and `GOAWAY` errors are recognised for transparent retries |
+//! | `hyper-util` | no | hyper-util's client "connect" errors are recognised as never sent |
+//!
+//! # Jitter: which gRPC?
+//!
+//! The 2017 text of gRFC A6 draws each backoff from `random(0, min(initial·mult^(n−1), max))`
+//! (full jitter). gRPC revised this in 2024, and grpc-go, grpc-java and C-core now all compute
+//! `min(initial·mult^(n−1), max) · U(0.8, 1.2)`. Policies built from service-config JSON use
+//! the current behaviour, so the same JSON behaves as it does in grpc-go;
+//! [`ServiceConfig::policies_builder_with`](config::ServiceConfig::policies_builder_with)`(Jitter::Full)`
+//! selects the 2017 formula.
+//!
+//! # Where the implementations disagree, this crate follows the spec
+//!
+//! Integer and lower-case status codes are accepted in service config; `maxTokens` above
+//! 1000 is rejected; a method config with both a retry and a hedging policy is rejected;
+//! pushback on a non-retryable code does not retry; a non-fatal hedge failure sends the next
+//! hedge at once; an absent `hedgingDelay` sends all hedges at once; every successful call
+//! through the layers credits the throttle.
 #![warn(
     missing_docs,
     missing_debug_implementations,
@@ -27,8 +126,9 @@ pub mod stats;
 pub mod throttle;
 
 pub use body::BufferLimits;
-pub use policy::{HedgePolicy, MethodPolicy, Policies, RetryPolicy};
+pub use config::ServiceConfig;
 pub use hedge::{Hedge, HedgeLayer};
+pub use policy::{HedgePolicy, MethodPolicy, Policies, RetryPolicy};
 pub use retry::{Retry, RetryLayer};
 pub use throttle::Throttle;
 

@@ -81,7 +81,9 @@ const NAMES: [&str; 17] = [
 impl Code {
     /// The code with this number, if it is one of the 17.
     pub fn from_i32(value: i32) -> Option<Code> {
-        usize::try_from(value).ok().and_then(|i| ALL.get(i).copied())
+        usize::try_from(value)
+            .ok()
+            .and_then(|i| ALL.get(i).copied())
     }
 
     /// The code's number.
@@ -250,7 +252,17 @@ mod tests {
 
     #[test]
     fn header_bytes_reject_padding_and_garbage() {
-        for bad in [&b""[..], b"014", b"17", b"-1", b" 1", b"1 ", b"x", b"00", b"99"] {
+        for bad in [
+            &b""[..],
+            b"014",
+            b"17",
+            b"-1",
+            b" 1",
+            b"1 ",
+            b"x",
+            b"00",
+            b"99",
+        ] {
             assert_eq!(Code::from_header_bytes(bad), None, "{bad:?}");
         }
     }

@@ -9,9 +9,7 @@ use super::Outcome;
 /// chains are short; the bound keeps a cyclic or hostile chain from looping.
 const MAX_SOURCE_DEPTH: usize = 32;
 
-fn chain<'a>(
-    error: &'a (dyn Error + 'static),
-) -> impl Iterator<Item = &'a (dyn Error + 'static)> {
+fn chain<'a>(error: &'a (dyn Error + 'static)) -> impl Iterator<Item = &'a (dyn Error + 'static)> {
     std::iter::successors(Some(error), |e: &&'a (dyn Error + 'static)| (*e).source())
         .take(MAX_SOURCE_DEPTH)
 }

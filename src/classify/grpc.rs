@@ -92,10 +92,7 @@ mod tests {
     #[test]
     fn trailers_only_codes() {
         let codes = GrpcCodes::from([Code::Unavailable]);
-        assert_eq!(
-            classify(codes, &trailers_only("0", None)),
-            Outcome::Success
-        );
+        assert_eq!(classify(codes, &trailers_only("0", None)), Outcome::Success);
         assert_eq!(
             classify(codes, &trailers_only("14", None)),
             Outcome::Retryable(None)

@@ -99,7 +99,8 @@ impl Classify for HttpStatuses {
     fn classify(&self, result: AttemptResult<'_>) -> Outcome {
         match result {
             AttemptResult::Response { status, headers } => {
-                if status == StatusCode::TOO_MANY_REQUESTS && self.too_many_requests_needs_retry_after
+                if status == StatusCode::TOO_MANY_REQUESTS
+                    && self.too_many_requests_needs_retry_after
                 {
                     return match self.pushback(headers) {
                         Some(pushback) => Outcome::Retryable(Some(pushback)),

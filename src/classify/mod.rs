@@ -102,7 +102,9 @@ impl fmt::Debug for AttemptResult<'_> {
             AttemptResult::Response { status, .. } => {
                 f.debug_struct("Response").field("status", status).finish()
             }
-            AttemptResult::Error(error) => f.debug_tuple("Error").field(&error.to_string()).finish(),
+            AttemptResult::Error(error) => {
+                f.debug_tuple("Error").field(&error.to_string()).finish()
+            }
         }
     }
 }

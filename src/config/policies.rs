@@ -199,7 +199,9 @@ mod tests {
         let config = ServiceConfig::from_json(A6).unwrap();
         let policies = config.policies_builder_with(Jitter::Full).build();
         assert!(policies.has_throttle());
-        let none = ServiceConfig::from_json(r#"{"methodConfig": []}"#).unwrap().policies();
+        let none = ServiceConfig::from_json(r#"{"methodConfig": []}"#)
+            .unwrap()
+            .policies();
         assert!(!none.has_throttle());
     }
 }

@@ -235,11 +235,17 @@ where
                         status: response.status(),
                         headers: response.headers(),
                     }),
-                    Err(error) => this.policy.classifier.classify(AttemptResult::Error(&**error)),
+                    Err(error) => this
+                        .policy
+                        .classifier
+                        .classify(AttemptResult::Error(&**error)),
                 };
                 let now = Instant::now();
                 if attempt.number > 1
-                    && !matches!(outcome, Outcome::Success | Outcome::NotSent | Outcome::Refused)
+                    && !matches!(
+                        outcome,
+                        Outcome::Success | Outcome::NotSent | Outcome::Refused
+                    )
                     && let Some(stats) = this.stats.as_ref()
                 {
                     stats.record_retry_failure();
@@ -301,7 +307,10 @@ where
                                 *this.timer_armed = true;
                             }
                             None => {
-                                tracing::debug!(attempt = attempt.number, "non-fatal: next hedge now");
+                                tracing::debug!(
+                                    attempt = attempt.number,
+                                    "non-fatal: next hedge now"
+                                );
                                 *this.hedge_due = true;
                                 *this.timer_armed = false;
                             }
@@ -351,7 +360,9 @@ where
                                 *this.hedge_due = false;
                                 let k = *this.counted - 1;
                                 this.stats
-                                    .get_or_insert_with(|| this.stats_source.method(this.call.path()))
+                                    .get_or_insert_with(|| {
+                                        this.stats_source.method(this.call.path())
+                                    })
                                     .record_retry(k);
                                 if *this.counted < *this.max_attempts {
                                     if this.delay.is_zero() {
@@ -390,7 +401,9 @@ where
                 if !more_coming || !this.call.can_replay() {
                     let (sent, transparent) = (this.call.sent, *this.transparent);
                     let last = this.last.take().unwrap_or_else(|| Err(no_result()));
-                    return Poll::Ready(last.map(|r| annotate(r, sent, transparent, this.call.grpc)));
+                    return Poll::Ready(
+                        last.map(|r| annotate(r, sent, transparent, this.call.grpc)),
+                    );
                 }
                 if *this.hedge_due || *this.resends_due > 0 {
                     // Waiting on the service's readiness alone.

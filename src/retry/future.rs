@@ -248,7 +248,10 @@ where
                             status: response.status(),
                             headers: response.headers(),
                         }),
-                        Err(error) => this.policy.classifier.classify(AttemptResult::Error(&**error)),
+                        Err(error) => this
+                            .policy
+                            .classifier
+                            .classify(AttemptResult::Error(&**error)),
                     };
                     let decision = decide(
                         outcome,
@@ -281,7 +284,9 @@ where
                             if delay.is_zero() {
                                 this.state.set(State::Ready);
                             } else {
-                                this.state.set(State::Waiting { sleep: sleep(delay) });
+                                this.state.set(State::Waiting {
+                                    sleep: sleep(delay),
+                                });
                             }
                         }
                     }
@@ -335,10 +340,14 @@ struct Ctx<'a, B: Replay> {
 fn decide<B: Replay>(outcome: Outcome, ctx: Ctx<'_, B>) -> Decision {
     let was_retry = *ctx.counted > 1 && *ctx.not_sent_in_a_row == 0;
     let outcome = gate_idempotency(outcome, ctx.policy, ctx.call);
-    if was_retry && !matches!(outcome, Outcome::Success | Outcome::NotSent | Outcome::Refused) {
-        if let Some(stats) = ctx.stats.as_ref() {
-            stats.record_retry_failure();
-        }
+    if was_retry
+        && !matches!(
+            outcome,
+            Outcome::Success | Outcome::NotSent | Outcome::Refused
+        )
+        && let Some(stats) = ctx.stats.as_ref()
+    {
+        stats.record_retry_failure();
     }
     let now = Instant::now();
     let fits = |delay: Duration| match ctx.call.remaining(now) {
@@ -383,7 +392,12 @@ fn decide<B: Replay>(outcome: Outcome, ctx: Ctx<'_, B>) -> Decision {
             }
             *ctx.not_sent_in_a_row += 1;
             *ctx.transparent += 1;
-            tracing::debug!(attempt = ctx.call.sent, ?delay, reason = "not sent", "transparent retry");
+            tracing::debug!(
+                attempt = ctx.call.sent,
+                ?delay,
+                reason = "not sent",
+                "transparent retry"
+            );
             Decision::RetryAfter(delay)
         }
         Outcome::Refused if !*ctx.refused_retried => {
@@ -394,7 +408,11 @@ fn decide<B: Replay>(outcome: Outcome, ctx: Ctx<'_, B>) -> Decision {
             }
             *ctx.refused_retried = true;
             *ctx.transparent += 1;
-            tracing::debug!(attempt = ctx.call.sent, reason = "refused", "transparent retry");
+            tracing::debug!(
+                attempt = ctx.call.sent,
+                reason = "refused",
+                "transparent retry"
+            );
             Decision::RetryAfter(Duration::ZERO)
         }
         // A second refusal is handled by the policy, like `UNAVAILABLE`.

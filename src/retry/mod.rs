@@ -128,8 +128,8 @@ use http::{Request, Response};
 use tower_service::Service;
 
 pub use self::future::ResponseFuture;
-pub use self::layer::RetryLayer;
 use self::future::{Credit, Retrying, RetryingParts};
+pub use self::layer::RetryLayer;
 use crate::BoxError;
 use crate::body::Replay;
 use crate::call::{Call, is_grpc};

@@ -95,7 +95,10 @@ fn previous_attempts(request: &Req) -> Option<&str> {
 }
 
 fn attempts(response: &Res) -> Attempts {
-    *response.extensions().get::<Attempts>().expect("Attempts extension")
+    *response
+        .extensions()
+        .get::<Attempts>()
+        .expect("Attempts extension")
 }
 
 /// Asserts that no further attempt reaches the mock, even after a long wait.
@@ -132,9 +135,13 @@ impl Drop for DropCount {
 impl tower::Service<Req> for Hanging {
     type Response = Res;
     type Error = BoxError;
-    type Future = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Res, BoxError>> + Send>>;
+    type Future =
+        std::pin::Pin<Box<dyn std::future::Future<Output = Result<Res, BoxError>> + Send>>;
 
-    fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), BoxError>> {
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), BoxError>> {
         std::task::Poll::Ready(Ok(()))
     }
 
@@ -170,7 +177,12 @@ async fn success_on_the_first_attempt_is_returned_with_one_attempt() {
     assert!(request.extensions().get::<AttemptInfo>().is_none());
     let response = call.await.unwrap().unwrap();
     assert_eq!(attempts(&response), Attempts::new(1, 0));
-    assert!(response.headers().get("grpc-previous-rpc-attempts").is_none());
+    assert!(
+        response
+            .headers()
+            .get("grpc-previous-rpc-attempts")
+            .is_none()
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -262,7 +274,11 @@ async fn backoff_grows_exponentially_to_its_cap() {
     let (call, mut handle) = start(policies(policy), grpc_request("x"));
     let mut arrivals = Vec::new();
     for _ in 0..5 {
-        arrivals.push(answer(&mut handle, trailers_only(Code::Unavailable, None)).await.1);
+        arrivals.push(
+            answer(&mut handle, trailers_only(Code::Unavailable, None))
+                .await
+                .1,
+        );
     }
     let gaps: Vec<_> = arrivals.windows(2).map(|w| w[1] - w[0]).collect();
     let ms = Duration::from_millis;
@@ -327,7 +343,10 @@ async fn backoff_restarts_from_initial_after_pushback() {
     let (_, t3) = answer(&mut handle, unavailable()).await; // restarts: 100
     let (_, t4) = answer(&mut handle, grpc_ok()).await;
     let ms = Duration::from_millis;
-    assert_eq!([t1 - t0, t2 - t1, t3 - t2, t4 - t3], [ms(100), ms(200), ms(50), ms(100)]);
+    assert_eq!(
+        [t1 - t0, t2 - t1, t3 - t2, t4 - t3],
+        [ms(100), ms(200), ms(50), ms(100)]
+    );
     call.await.unwrap().unwrap();
 }
 
@@ -424,7 +443,11 @@ async fn calls_without_a_policy_pass_through_and_credit_the_throttle() {
     answer(&mut handle, trailers_only(Code::Unavailable, None)).await;
     let response = call.await.unwrap().unwrap();
     assert!(response.extensions().get::<Attempts>().is_none());
-    assert_eq!(throttle.tokens(), 7.0, "no policy: a failure is not debited");
+    assert_eq!(
+        throttle.tokens(),
+        7.0,
+        "no policy: a failure is not debited"
+    );
 
     let request = Request::post("/test.Echo/Other")
         .header("content-type", "application/grpc")
@@ -457,7 +480,10 @@ async fn deadline_shorter_than_the_chain_ends_in_deadline_exceeded() {
 #[tokio::test(start_paused = true)]
 async fn deadline_drops_the_attempt_in_flight() {
     let hanging = Hanging::default();
-    let policy = RetryPolicy::builder().timeout(Duration::from_secs(1)).build().unwrap();
+    let policy = RetryPolicy::builder()
+        .timeout(Duration::from_secs(1))
+        .build()
+        .unwrap();
     let svc = RetryLayer::new(policies(policy)).layer(hanging.clone());
     let error = svc.oneshot(grpc_request("x")).await.unwrap_err();
     assert!(is_deadline_exceeded(&error));
@@ -549,7 +575,9 @@ async fn never_sent_retries_are_bounded_without_a_deadline() {
         send.send_error(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
     }
     let error = call.await.unwrap().unwrap_err();
-    let io = error.downcast_ref::<std::io::Error>().expect("the inner error, unchanged");
+    let io = error
+        .downcast_ref::<std::io::Error>()
+        .expect("the inner error, unchanged");
     assert_eq!(io.kind(), std::io::ErrorKind::ConnectionRefused);
     assert_no_more_attempts(&mut handle).await;
 }
@@ -610,7 +638,9 @@ fn http_policies(retry_post: bool) -> Policies {
         .retry_non_idempotent(retry_post)
         .build()
         .unwrap();
-    Policies::builder().route(Route::prefix("/api"), policy).build()
+    Policies::builder()
+        .route(Route::prefix("/api"), policy)
+        .build()
 }
 
 fn http_response(status: u16, retry_after: Option<&'static str>) -> Res {
@@ -623,7 +653,9 @@ fn http_response(status: u16, retry_after: Option<&'static str>) -> Res {
 
 #[tokio::test(start_paused = true)]
 async fn http_503_with_retry_after_waits_that_long() {
-    let request = Request::get("/api/items").body(Full::new(Bytes::new())).unwrap();
+    let request = Request::get("/api/items")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
     let (call, mut handle) = start(http_policies(false), request);
     let (first, t0) = answer(&mut handle, http_response(503, Some("2"))).await;
     let (second, t1) = answer(&mut handle, http_response(200, None)).await;
@@ -636,10 +668,17 @@ async fn http_503_with_retry_after_waits_that_long() {
 
 #[tokio::test(start_paused = true)]
 async fn http_post_is_not_retried_unless_the_route_opts_in() {
-    let post = || Request::post("/api/items").body(Full::new(Bytes::new())).unwrap();
+    let post = || {
+        Request::post("/api/items")
+            .body(Full::new(Bytes::new()))
+            .unwrap()
+    };
     let (call, mut handle) = start(http_policies(false), post());
     answer(&mut handle, http_response(503, None)).await;
-    assert_eq!(call.await.unwrap().unwrap().status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        call.await.unwrap().unwrap().status(),
+        StatusCode::SERVICE_UNAVAILABLE
+    );
     assert_no_more_attempts(&mut handle).await;
 
     let (call, mut handle) = start(http_policies(true), post());
@@ -650,7 +689,9 @@ async fn http_post_is_not_retried_unless_the_route_opts_in() {
 
 #[tokio::test(start_paused = true)]
 async fn http_post_that_was_never_sent_is_retried() {
-    let request = Request::post("/api/items").body(Full::new(Bytes::new())).unwrap();
+    let request = Request::post("/api/items")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
     let (call, mut handle) = start(http_policies(false), request);
     let (_, send) = handle.next_request().await.unwrap();
     send.send_error(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
@@ -687,4 +728,3 @@ async fn later_attempts_wait_for_the_service_to_be_ready() {
     answer(&mut handle, grpc_ok()).await;
     assert_eq!(attempts(&call.await.unwrap().unwrap()).sent(), 2);
 }
-
