@@ -84,6 +84,11 @@ impl<B: Replay> Call<B> {
         &self.parts.method
     }
 
+    /// Whether the request carries an `Idempotency-Key` header.
+    pub(crate) fn has_idempotency_key(&self) -> bool {
+        self.parts.headers.contains_key("idempotency-key")
+    }
+
     /// Whether another attempt may start: the body can still be replayed.
     pub(crate) fn can_replay(&self) -> bool {
         match &self.body {

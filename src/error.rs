@@ -24,6 +24,25 @@ impl fmt::Display for DeadlineExceeded {
 
 impl std::error::Error for DeadlineExceeded {}
 
+/// An attempt outlived the policy's per-attempt timeout and was cancelled. Retryable; it is
+/// returned only when no attempt is left.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct AttemptTimedOut(());
+
+impl AttemptTimedOut {
+    pub(crate) fn new() -> AttemptTimedOut {
+        AttemptTimedOut(())
+    }
+}
+
+impl fmt::Display for AttemptTimedOut {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("attempt timed out")
+    }
+}
+
+impl std::error::Error for AttemptTimedOut {}
+
 /// The error for a call whose deadline passed: a gRPC `DEADLINE_EXCEEDED` status for gRPC
 /// requests when tonic is available, else [`DeadlineExceeded`].
 pub(crate) fn deadline_exceeded(grpc: bool) -> crate::BoxError {

@@ -57,7 +57,7 @@ use http::{Method, Request};
 
 use crate::backoff::{Backoff, Exponential};
 use crate::body::BufferLimits;
-use crate::classify::{Classify, Code, GrpcCodes};
+use crate::classify::{AttemptResult, Classify, Code, GrpcCodes, Outcome};
 use crate::latency::AdaptiveDelay;
 use crate::stats::Stats;
 use crate::throttle::{RetryThrottle, ThrottleRegistry};
@@ -103,6 +103,32 @@ fn default_backoff() -> Arc<dyn Backoff> {
     }
 }
 
+/// What a [`RetryPolicyBuilder::on_retry`] hook sees before a retry.
+#[derive(Debug, Clone, Copy)]
+pub struct RetryContext<'a> {
+    /// Attempts made so far that count toward `maxAttempts`.
+    pub attempts: u32,
+    /// How the last attempt was classified.
+    pub outcome: Outcome,
+    /// The last attempt's response or error.
+    pub result: AttemptResult<'a>,
+    /// The delay the policy would wait: the server's pushback, or the backoff.
+    pub delay: Duration,
+}
+
+/// What a [`RetryPolicyBuilder::on_retry`] hook decides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetryDecision {
+    /// Retry after the policy's delay.
+    Proceed,
+    /// Retry after this delay instead (still never past the deadline).
+    Delay(Duration),
+    /// Do not retry: return the last attempt's outcome.
+    Stop,
+}
+
+type RetryHook = Arc<dyn Fn(&RetryContext<'_>) -> RetryDecision + Send + Sync>;
+
 /// How a method is retried: gRFC A6's `retryPolicy`, and a few things beyond it.
 #[derive(Clone)]
 pub struct RetryPolicy {
@@ -111,7 +137,11 @@ pub struct RetryPolicy {
     pub(crate) classifier: Arc<dyn Classify>,
     pub(crate) timeout: Option<Duration>,
     pub(crate) retry_non_idempotent: bool,
+    pub(crate) retry_with_idempotency_key: bool,
     pub(crate) max_transparent_retries: u32,
+    pub(crate) per_attempt_timeout: Option<Duration>,
+    pub(crate) hedge_on_per_attempt_timeout: bool,
+    pub(crate) on_retry: Option<RetryHook>,
 }
 
 impl fmt::Debug for RetryPolicy {
@@ -121,12 +151,18 @@ impl fmt::Debug for RetryPolicy {
             .field("backoff", &self.backoff)
             .field("timeout", &self.timeout)
             .field("retry_non_idempotent", &self.retry_non_idempotent)
+            .field("per_attempt_timeout", &self.per_attempt_timeout)
+            .field(
+                "hedge_on_per_attempt_timeout",
+                &self.hedge_on_per_attempt_timeout,
+            )
+            .field("on_retry", &self.on_retry.is_some())
             .finish_non_exhaustive()
     }
 }
 
 impl RetryPolicy {
-    /// A builder with A6's example values: 4 attempts... see [`RetryPolicyBuilder`].
+    /// A builder; see [`RetryPolicyBuilder`] for its defaults.
     pub fn builder() -> RetryPolicyBuilder {
         RetryPolicyBuilder {
             max_attempts: 3,
@@ -134,7 +170,11 @@ impl RetryPolicy {
             classifier: None,
             timeout: None,
             retry_non_idempotent: false,
+            retry_with_idempotency_key: false,
             max_transparent_retries: DEFAULT_MAX_TRANSPARENT_RETRIES,
+            per_attempt_timeout: None,
+            hedge_on_per_attempt_timeout: false,
+            on_retry: None,
         }
     }
 
@@ -170,7 +210,11 @@ pub struct RetryPolicyBuilder {
     classifier: Option<Arc<dyn Classify>>,
     timeout: Option<Duration>,
     retry_non_idempotent: bool,
+    retry_with_idempotency_key: bool,
     max_transparent_retries: u32,
+    per_attempt_timeout: Option<Duration>,
+    hedge_on_per_attempt_timeout: bool,
+    on_retry: Option<RetryHook>,
 }
 
 impl fmt::Debug for RetryPolicyBuilder {
@@ -218,9 +262,59 @@ impl RetryPolicyBuilder {
         self
     }
 
+    /// Retries a non-idempotent HTTP request when it carries an `Idempotency-Key` header:
+    /// the server promises to apply it once whatever the number of copies. Off by default.
+    pub fn retry_with_idempotency_key(mut self, enabled: bool) -> Self {
+        self.retry_with_idempotency_key = enabled;
+        self
+    }
+
     /// How many times a never-sent attempt is retried when the call has no deadline.
     pub fn max_transparent_retries(mut self, max: u32) -> Self {
         self.max_transparent_retries = max;
+        self
+    }
+
+    /// Cancels an attempt that takes longer than `timeout` and counts it as a retryable
+    /// failure (Envoy's `per_try_timeout`). The call's deadline still spans every attempt.
+    pub fn per_attempt_timeout(mut self, timeout: Duration) -> Self {
+        self.per_attempt_timeout = Some(timeout);
+        self
+    }
+
+    /// With a per-attempt timeout: when it fires, start the next attempt at once *without*
+    /// cancelling the slow one; the first good answer wins (Envoy's
+    /// `hedge_on_per_try_timeout`). Off by default.
+    pub fn hedge_on_per_attempt_timeout(mut self, enabled: bool) -> Self {
+        self.hedge_on_per_attempt_timeout = enabled;
+        self
+    }
+
+    /// A hook that sees each retryable outcome before the retry and may change its delay
+    /// or stop it (Polly's `DelayGenerator`, resilience4j's `intervalBiFunction`). It runs
+    /// after A6's own checks (attempts left, pushback, commit): it can only make retrying
+    /// more careful, never exceed `maxAttempts`, the throttle or the deadline.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_retry_hedge::policy::{RetryDecision, RetryPolicy};
+    ///
+    /// let policy = RetryPolicy::builder()
+    ///     .on_retry(|ctx| {
+    ///         if ctx.attempts >= 2 && ctx.delay < Duration::from_millis(50) {
+    ///             RetryDecision::Delay(Duration::from_millis(50))
+    ///         } else {
+    ///             RetryDecision::Proceed
+    ///         }
+    ///     })
+    ///     .build()?;
+    /// # Ok::<(), tower_retry_hedge::policy::PolicyError>(())
+    /// ```
+    pub fn on_retry(
+        mut self,
+        hook: impl Fn(&RetryContext<'_>) -> RetryDecision + Send + Sync + 'static,
+    ) -> Self {
+        self.on_retry = Some(Arc::new(hook));
         self
     }
 
@@ -228,6 +322,15 @@ impl RetryPolicyBuilder {
     pub fn build(self) -> Result<RetryPolicy, PolicyError> {
         if self.max_attempts < 2 {
             return Err(PolicyError::new("max_attempts", "must be at least 2"));
+        }
+        if self.per_attempt_timeout == Some(Duration::ZERO) {
+            return Err(PolicyError::new("per_attempt_timeout", "must be above zero"));
+        }
+        if self.hedge_on_per_attempt_timeout && self.per_attempt_timeout.is_none() {
+            return Err(PolicyError::new(
+                "hedge_on_per_attempt_timeout",
+                "needs a per_attempt_timeout",
+            ));
         }
         Ok(RetryPolicy {
             max_attempts: self.max_attempts,
@@ -237,7 +340,11 @@ impl RetryPolicyBuilder {
                 .unwrap_or_else(|| Arc::new(GrpcCodes::from([Code::Unavailable]))),
             timeout: self.timeout,
             retry_non_idempotent: self.retry_non_idempotent,
+            retry_with_idempotency_key: self.retry_with_idempotency_key,
             max_transparent_retries: self.max_transparent_retries,
+            per_attempt_timeout: self.per_attempt_timeout,
+            hedge_on_per_attempt_timeout: self.hedge_on_per_attempt_timeout,
+            on_retry: self.on_retry,
         })
     }
 }

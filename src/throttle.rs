@@ -73,6 +73,10 @@
 //! # Ok::<(), tower_retry_hedge::throttle::ThrottleError>(())
 //! ```
 
+mod budget;
+
+pub use budget::{BudgetError, RetryBudget};
+
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt;

@@ -1,8 +1,10 @@
-//! The HTTP classifier: retryable statuses, `Retry-After` as pushback.
+//! The HTTP classifier: retryable statuses, `Retry-After` and rate-limit reset headers as
+//! pushback.
 
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use http::{HeaderMap, StatusCode, header::RETRY_AFTER};
+use http::{HeaderMap, HeaderName, StatusCode, header::RETRY_AFTER};
+use rand::Rng;
 
 use super::{AttemptResult, Classify, Outcome, transport_outcome};
 use crate::pushback::{Pushback, retry_after};
@@ -15,9 +17,20 @@ use crate::pushback::{Pushback, retry_after};
 /// [`max_retry_after`](HttpStatuses::max_retry_after) (default 30 s) is ignored and the
 /// backoff applies, so a hostile or broken server cannot park a call.
 ///
-/// Errors that prove the request was never sent, or refused before processing, are
-/// [`Outcome::NotSent`] / [`Outcome::Refused`]; other errors are retryable (the policy's
-/// idempotency gate keeps non-idempotent methods from being retried after them).
+/// Where the server says when to come back is configurable ([`reset_headers`]): by default
+/// `Retry-After` alone; rate-limited APIs add `X-RateLimit-Reset` (seconds or a Unix time) or
+/// `x-amz-retry-after` (milliseconds). Headers are tried in order, as Envoy's
+/// `rate_limited_retry_back_off` does. [`retry_after_jitter`] spreads the clients that were
+/// told the same instant over `U(d, 1.5·d)`, so they do not all return at the reset.
+///
+/// `425 Too Early` means the server did not process the request: it is
+/// [`Outcome::Refused`], retried once at once even for `POST`. Errors that prove the request
+/// was never sent, or refused before processing, are [`Outcome::NotSent`] /
+/// [`Outcome::Refused`]; other errors are retryable (the policy's idempotency gate keeps
+/// non-idempotent methods from being retried after them).
+///
+/// [`reset_headers`]: HttpStatuses::reset_headers
+/// [`retry_after_jitter`]: HttpStatuses::retry_after_jitter
 ///
 /// ```
 /// use std::time::Duration;
@@ -39,6 +52,98 @@ pub struct HttpStatuses {
     retryable: Vec<StatusCode>,
     too_many_requests_needs_retry_after: bool,
     max_retry_after: Duration,
+    reset_headers: Vec<ResetHeader>,
+    jitter: bool,
+}
+
+/// How a rate-limit reset header encodes its time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResetFormat {
+    /// `Retry-After`: delay-seconds or an HTTP-date.
+    RetryAfter,
+    /// A delay in whole seconds.
+    Seconds,
+    /// A delay in whole milliseconds (`x-amz-retry-after`).
+    Millis,
+    /// A Unix time in seconds.
+    UnixTime,
+    /// Seconds, or a Unix time when the value is that large (at least 1 000 000 000, which is
+    /// 2001 as a time and 31 years as a delay): `X-RateLimit-Reset` is sent both ways.
+    SecondsOrUnixTime,
+}
+
+/// A header that tells when to retry: its name and how it encodes the time.
+///
+/// ```
+/// use tower_retry_hedge::classify::{HttpStatuses, ResetFormat, ResetHeader};
+///
+/// let classifier = HttpStatuses::default().reset_headers([
+///     ResetHeader::retry_after(),
+///     ResetHeader::new("x-ratelimit-reset", ResetFormat::SecondsOrUnixTime),
+///     ResetHeader::new("x-amz-retry-after", ResetFormat::Millis),
+/// ]);
+/// # let _ = classifier;
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResetHeader {
+    name: HeaderName,
+    format: ResetFormat,
+}
+
+impl ResetHeader {
+    /// `name`, read as `format`.
+    ///
+    /// # Panics
+    ///
+    /// If `name` is not a valid header name: it is the programmer's constant, not input.
+    pub fn new(name: &'static str, format: ResetFormat) -> ResetHeader {
+        ResetHeader {
+            name: HeaderName::from_static(name),
+            format,
+        }
+    }
+
+    /// `Retry-After`, in either of its forms.
+    pub fn retry_after() -> ResetHeader {
+        ResetHeader {
+            name: RETRY_AFTER,
+            format: ResetFormat::RetryAfter,
+        }
+    }
+
+    fn delay(&self, headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
+        let mut values = headers.get_all(&self.name).iter();
+        let value = values.next()?;
+        if values.next().is_some() {
+            // Several values disagree, or repeat: trust none.
+            return None;
+        }
+        let integer = || -> Option<u64> {
+            let text = value.to_str().ok()?.trim_matches([' ', '\t']);
+            if text.is_empty() || text.len() > 20 || !text.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            text.parse().ok()
+        };
+        let until = |unix: u64| {
+            let now = now.duration_since(UNIX_EPOCH).ok()?;
+            Some(Duration::from_secs(unix).saturating_sub(now))
+        };
+        match self.format {
+            ResetFormat::RetryAfter => retry_after(value, now),
+            ResetFormat::Seconds => integer().map(Duration::from_secs),
+            ResetFormat::Millis => integer().map(Duration::from_millis),
+            ResetFormat::UnixTime => until(integer()?),
+            ResetFormat::SecondsOrUnixTime => {
+                let n = integer()?;
+                if n >= 1_000_000_000 {
+                    until(n)
+                } else {
+                    Some(Duration::from_secs(n))
+                }
+            }
+        }
+    }
 }
 
 impl Default for HttpStatuses {
@@ -51,6 +156,8 @@ impl Default for HttpStatuses {
             ],
             too_many_requests_needs_retry_after: true,
             max_retry_after: Duration::from_secs(30),
+            reset_headers: vec![ResetHeader::retry_after()],
+            jitter: false,
         }
     }
 }
@@ -84,14 +191,41 @@ impl HttpStatuses {
         self
     }
 
+    /// The headers that tell when to retry, tried in order; the first that parses wins.
+    /// Default: `Retry-After` alone.
+    #[must_use]
+    pub fn reset_headers(mut self, headers: impl IntoIterator<Item = ResetHeader>) -> Self {
+        self.reset_headers = headers.into_iter().collect();
+        self
+    }
+
+    /// Spreads a server's delay `d` over `U(d, 1.5·d)` (never past
+    /// [`max_retry_after`](HttpStatuses::max_retry_after)), so that the clients told the same
+    /// reset instant do not all come back at it. Off by default.
+    #[must_use]
+    pub fn retry_after_jitter(mut self, enabled: bool) -> Self {
+        self.jitter = enabled;
+        self
+    }
+
+    /// The server's delay, from the first reset header that parses; a delay above the cap
+    /// yields `None`, so the backoff applies.
     fn pushback(&self, headers: &HeaderMap) -> Option<Pushback> {
-        let mut values = headers.get_all(RETRY_AFTER).iter();
-        let value = values.next()?;
-        if values.next().is_some() {
+        let now = SystemTime::now();
+        let delay = self
+            .reset_headers
+            .iter()
+            .find_map(|header| header.delay(headers, now))?;
+        if delay > self.max_retry_after {
             return None;
         }
-        let delay = retry_after(value, SystemTime::now())?;
-        (delay <= self.max_retry_after).then_some(Pushback::After(delay))
+        let delay = if self.jitter && !delay.is_zero() {
+            let extra = rand::rng().random_range(0..=delay.as_nanos() as u64 / 2);
+            (delay + Duration::from_nanos(extra)).min(self.max_retry_after)
+        } else {
+            delay
+        };
+        Some(Pushback::After(delay))
     }
 }
 
@@ -99,6 +233,9 @@ impl Classify for HttpStatuses {
     fn classify(&self, result: AttemptResult<'_>) -> Outcome {
         match result {
             AttemptResult::Response { status, headers } => {
+                if status == StatusCode::TOO_EARLY {
+                    return Outcome::Refused;
+                }
                 if status == StatusCode::TOO_MANY_REQUESTS
                     && self.too_many_requests_needs_retry_after
                 {
@@ -163,6 +300,75 @@ mod tests {
         assert_eq!(classify(&c, 503, Some("soon")), Outcome::Retryable(None));
         // 429 with an unusable Retry-After is not retried.
         assert_eq!(classify(&c, 429, Some("99999")), Outcome::Fatal(None));
+    }
+
+    fn with_header(c: &HttpStatuses, status: u16, name: &'static str, value: &str) -> Outcome {
+        let mut headers = HeaderMap::new();
+        headers.insert(name, HeaderValue::from_str(value).unwrap());
+        c.classify(AttemptResult::Response {
+            status: StatusCode::from_u16(status).unwrap(),
+            headers: &headers,
+        })
+    }
+
+    #[test]
+    fn reset_headers_are_tried_in_order() {
+        let c = HttpStatuses::default().reset_headers([
+            ResetHeader::new("x-amz-retry-after", ResetFormat::Millis),
+            ResetHeader::new("x-ratelimit-reset", ResetFormat::SecondsOrUnixTime),
+        ]);
+        let after = |d| Outcome::Retryable(Some(Pushback::After(d)));
+        assert_eq!(
+            with_header(&c, 503, "x-amz-retry-after", "1500"),
+            after(Duration::from_millis(1500))
+        );
+        assert_eq!(
+            with_header(&c, 503, "x-ratelimit-reset", "7"),
+            after(Duration::from_secs(7))
+        );
+        let unix = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs() + 20;
+        let Outcome::Retryable(Some(Pushback::After(d))) =
+            with_header(&c, 503, "x-ratelimit-reset", &unix.to_string())
+        else {
+            panic!("a Unix time is pushback");
+        };
+        assert!(d > Duration::from_secs(18) && d <= Duration::from_secs(20), "{d:?}");
+        // Retry-After is not in this list: ignored.
+        assert_eq!(with_header(&c, 503, "retry-after", "3"), Outcome::Retryable(None));
+        // Above the cap: the backoff applies.
+        assert_eq!(
+            with_header(&c, 503, "x-amz-retry-after", "31000"),
+            Outcome::Retryable(None)
+        );
+        assert_eq!(
+            with_header(&c, 503, "x-amz-retry-after", "-5"),
+            Outcome::Retryable(None)
+        );
+    }
+
+    #[test]
+    fn jitter_spreads_over_one_and_a_half() {
+        let c = HttpStatuses::default().retry_after_jitter(true);
+        let mut seen_above = false;
+        for _ in 0..200 {
+            let Outcome::Retryable(Some(Pushback::After(d))) = classify(&c, 503, Some("4")) else {
+                panic!("pushback expected");
+            };
+            assert!(d >= Duration::from_secs(4) && d <= Duration::from_secs(6), "{d:?}");
+            seen_above |= d > Duration::from_millis(4500);
+        }
+        assert!(seen_above);
+        // Never past the cap.
+        let c = c.max_retry_after(Duration::from_secs(4));
+        assert_eq!(
+            classify(&c, 503, Some("4")),
+            Outcome::Retryable(Some(Pushback::After(Duration::from_secs(4))))
+        );
+    }
+
+    #[test]
+    fn too_early_is_refused() {
+        assert_eq!(classify(&HttpStatuses::default(), 425, None), Outcome::Refused);
     }
 
     #[test]

@@ -78,7 +78,7 @@ use std::fmt;
 pub use self::code::{Code, GrpcCodes, UnknownCode};
 pub use self::errors::{is_not_sent, is_refused, transport_outcome};
 pub use self::grpc::grpc_status;
-pub use self::http::HttpStatuses;
+pub use self::http::{HttpStatuses, ResetFormat, ResetHeader};
 use crate::pushback::Pushback;
 
 /// What one attempt produced, as a classifier sees it.

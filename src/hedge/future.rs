@@ -123,6 +123,8 @@ pin_project! {
         counted: u32,
         // A counted hedge should go as soon as the service is ready.
         hedge_due: bool,
+        // The throttle already allowed the hedge that is waiting for the service.
+        throttle_granted: bool,
         // Transparent resends waiting to go (never sent, or refused).
         resends_due: u32,
         transparent: u32,
@@ -184,6 +186,7 @@ where
             max_attempts,
             counted: 1,
             hedge_due: more && delay.is_zero(),
+            throttle_granted: false,
             resends_due: 0,
             transparent: 0,
             transparent_left: crate::policy::DEFAULT_MAX_TRANSPARENT_RETRIES,
@@ -328,15 +331,16 @@ where
             let counted_possible = !*this.stopped && *this.counted < *this.max_attempts;
             let want_counted = *this.hedge_due && counted_possible;
             if (want_counted || *this.resends_due > 0) && this.call.can_replay() {
-                if want_counted
-                    && *this.resends_due == 0
-                    && this.throttle.as_ref().is_some_and(|t| !t.allows_retry())
-                {
-                    tracing::debug!("throttled: no more hedges");
-                    *this.stopped = true;
-                    *this.hedge_due = false;
-                    *this.timer_armed = false;
-                    continue;
+                if want_counted && *this.resends_due == 0 && !*this.throttle_granted {
+                    // Asked once per hedge: a budget withdraws when it says yes.
+                    if this.throttle.as_ref().is_some_and(|t| !t.allows_retry()) {
+                        tracing::debug!("throttled: no more hedges");
+                        *this.stopped = true;
+                        *this.hedge_due = false;
+                        *this.timer_armed = false;
+                        continue;
+                    }
+                    *this.throttle_granted = true;
                 }
                 match this.service.poll_ready(cx) {
                     Poll::Pending => {}
@@ -358,6 +362,7 @@ where
                             } else {
                                 *this.counted += 1;
                                 *this.hedge_due = false;
+                                *this.throttle_granted = false;
                                 let k = *this.counted - 1;
                                 this.stats
                                     .get_or_insert_with(|| {

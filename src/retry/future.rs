@@ -15,9 +15,9 @@ use crate::BoxError;
 use crate::backoff::Step;
 use crate::body::Replay;
 use crate::call::{Call, annotate, no_result};
-use crate::classify::{AttemptResult, Outcome, grpc_status};
-use crate::error::deadline_exceeded;
-use crate::policy::RetryPolicy;
+use crate::classify::{AttemptResult, Classify, Outcome, grpc_status};
+use crate::error::{AttemptTimedOut, deadline_exceeded};
+use crate::policy::{RetryContext, RetryDecision, RetryPolicy};
 use crate::pushback::Pushback;
 use crate::stats::{MethodStats, Stats};
 use crate::throttle::RetryThrottle;
@@ -129,6 +129,12 @@ pin_project! {
         // Fires when the call's deadline passes; `None` without a deadline.
         #[pin]
         deadline: Option<Sleep>,
+        // Fires when the attempt in flight outlives the policy's per-attempt timeout.
+        #[pin]
+        attempt_timer: Option<Sleep>,
+        // Attempts left running after their per-attempt timeout (hedge on per-attempt
+        // timeout): the first good answer among them and the current attempt wins.
+        lingering: Vec<Pin<Box<S::Future>>>,
         // A clone of the inner service, polled ready before each attempt after the first.
         service: S,
         call: Call<B>,
@@ -161,6 +167,14 @@ pin_project! {
             #[pin]
             future: F,
         },
+        // An attempt is in flight, boxed so that it can be left running when its per-attempt
+        // timeout fires (hedge on per-attempt timeout).
+        CalledBoxed {
+            future: Option<Pin<Box<F>>>,
+        },
+        // The last attempt failed and no new one may start, but attempts left running after
+        // their per-attempt timeout may still answer.
+        Draining,
         // Waiting out a backoff or a pushback before the next attempt.
         Waiting {
             #[pin]
@@ -200,9 +214,18 @@ where
             http.request.resend_count = tracing::field::Empty,
         );
         let max_attempts = parts.policy.max_attempts.min(parts.max_attempts_cap);
+        let state = if parts.policy.hedge_on_per_attempt_timeout {
+            State::CalledBoxed {
+                future: Some(Box::pin(first)),
+            }
+        } else {
+            State::Called { future: first }
+        };
         Retrying {
-            state: State::Called { future: first },
+            state,
             deadline: parts.call.deadline.map(sleep_until),
+            attempt_timer: parts.policy.per_attempt_timeout.map(sleep),
+            lingering: Vec::new(),
             service: parts.service,
             call: parts.call,
             policy: parts.policy,
@@ -238,92 +261,224 @@ where
             {
                 tracing::debug!(attempts = this.call.sent, "deadline exceeded");
                 this.state.set(State::Ready);
+                this.lingering.clear();
                 return Poll::Ready(Err(deadline_exceeded(this.call.grpc)));
             }
-            match this.state.as_mut().project() {
-                StateProj::Called { future } => {
-                    let result = ready!(future.poll(cx)).map_err(Into::into);
-                    let outcome = match &result {
-                        Ok(response) => this.policy.classifier.classify(AttemptResult::Response {
-                            status: response.status(),
-                            headers: response.headers(),
-                        }),
-                        Err(error) => this
-                            .policy
-                            .classifier
-                            .classify(AttemptResult::Error(&**error)),
-                    };
-                    let decision = decide(
-                        outcome,
-                        Ctx {
-                            policy: this.policy,
-                            call: this.call,
-                            throttle: this.throttle.as_deref(),
-                            max_attempts: *this.max_attempts,
-                            counted: this.counted,
-                            transparent: this.transparent,
-                            not_sent_in_a_row: this.not_sent_in_a_row,
-                            refused_retried: this.refused_retried,
-                            backoff_attempt: this.backoff_attempt,
-                            previous_delay: this.previous_delay,
-                            stats: this.stats,
-                            stats_source: this.stats_source,
-                        },
-                    );
-                    match decision {
-                        Decision::Return => {
-                            let sent = this.call.sent;
-                            return Poll::Ready(result.map(|response| {
-                                annotate(response, sent, *this.transparent, this.call.grpc)
-                            }));
+            if let Some(response) = poll_lingering(this.lingering, this.policy, cx) {
+                if let Some(throttle) = this.throttle {
+                    throttle.on_success();
+                }
+                this.lingering.clear();
+                this.state.set(State::Ready);
+                let (sent, transparent) = (this.call.sent, *this.transparent);
+                return Poll::Ready(Ok(annotate(response, sent, transparent, this.call.grpc)));
+            }
+            let (result, timed_out) = match this.state.as_mut().project() {
+                StateProj::Called { future } => match future.poll(cx) {
+                    Poll::Ready(result) => (result.map_err(Into::into), false),
+                    Poll::Pending => {
+                        if !timer_fired(this.attempt_timer.as_mut(), cx) {
+                            return Poll::Pending;
                         }
-                        Decision::RetryAfter(delay) => {
-                            *this.last = Some(result);
-                            // A zero delay (a refused stream, pushback "0") goes at once: a
-                            // timer would round it up to the next millisecond tick.
-                            if delay.is_zero() {
-                                this.state.set(State::Ready);
-                            } else {
-                                this.state.set(State::Waiting {
-                                    sleep: sleep(delay),
-                                });
+                        // Dropping the attempt cancels it.
+                        this.state.set(State::Ready);
+                        (Err(Box::new(AttemptTimedOut::new()) as BoxError), true)
+                    }
+                },
+                StateProj::CalledBoxed { future } => {
+                    let Some(attempt) = future.as_mut() else {
+                        this.state.set(State::Draining);
+                        continue;
+                    };
+                    match attempt.as_mut().poll(cx) {
+                        Poll::Ready(result) => (result.map_err(Into::into), false),
+                        Poll::Pending => {
+                            if !timer_fired(this.attempt_timer.as_mut(), cx) {
+                                return Poll::Pending;
                             }
+                            // Hedge on per-attempt timeout: the slow attempt goes on, and
+                            // the next one starts now if the policy allows one.
+                            if let Some(throttle) = this.throttle {
+                                throttle.on_failure();
+                            }
+                            let may_hedge = *this.counted < *this.max_attempts
+                                && this.call.can_replay()
+                                && this.throttle.as_ref().is_none_or(|t| t.allows_retry());
+                            if !may_hedge {
+                                tracing::debug!("per-attempt timeout: no attempt left to hedge");
+                                return Poll::Pending;
+                            }
+                            if let Some(slow) = future.take() {
+                                this.lingering.push(slow);
+                            }
+                            *this.counted += 1;
+                            this.stats
+                                .get_or_insert_with(|| this.stats_source.method(this.call.path()))
+                                .record_retry(*this.counted - 1);
+                            tracing::debug!(
+                                attempt = this.call.sent + 1,
+                                reason = "per-attempt timeout",
+                                "hedging"
+                            );
+                            this.state.set(State::Ready);
+                            continue;
                         }
                     }
+                }
+                StateProj::Draining => {
+                    if !this.lingering.is_empty() {
+                        return Poll::Pending;
+                    }
+                    let (sent, transparent) = (this.call.sent, *this.transparent);
+                    let last = this.last.take().unwrap_or_else(|| Err(no_result()));
+                    return Poll::Ready(
+                        last.map(|r| annotate(r, sent, transparent, this.call.grpc)),
+                    );
                 }
                 StateProj::Waiting { sleep } => {
                     ready!(sleep.poll(cx));
                     this.state.set(State::Ready);
+                    continue;
                 }
                 StateProj::Ready => {
                     if let Err(error) = ready!(this.service.poll_ready(cx)) {
+                        this.lingering.clear();
                         return Poll::Ready(Err(error.into()));
                     }
                     let Some((request, _reader)) = this.call.next_request(false) else {
                         // The body outgrew the buffer while we waited: the call is committed
                         // to what the last attempt got.
                         tracing::debug!("committed: body cannot be replayed");
-                        let sent = this.call.sent;
-                        let last = this.last.take().unwrap_or_else(|| Err(no_result()));
-                        return Poll::Ready(
-                            last.map(|r| annotate(r, sent, *this.transparent, this.call.grpc)),
-                        );
+                        this.state.set(State::Draining);
+                        continue;
                     };
-                    *this.last = None;
                     let sent = this.call.sent;
                     this.span.record("http.request.resend_count", sent - 1);
                     let future = this.service.call(request);
-                    this.state.set(State::Called { future });
+                    if this.policy.hedge_on_per_attempt_timeout {
+                        this.state.set(State::CalledBoxed {
+                            future: Some(Box::pin(future)),
+                        });
+                    } else {
+                        this.state.set(State::Called { future });
+                    }
+                    if let Some(timeout) = this.policy.per_attempt_timeout {
+                        this.attempt_timer.set(Some(sleep(timeout)));
+                    }
+                    continue;
+                }
+            };
+
+            let outcome = if timed_out {
+                Outcome::Retryable(None)
+            } else {
+                classify(&this.policy.classifier, &result)
+            };
+            let decision = decide(
+                outcome,
+                Ctx {
+                    policy: this.policy,
+                    call: this.call,
+                    result: attempt_result(&result),
+                    throttle: this.throttle.as_deref(),
+                    max_attempts: *this.max_attempts,
+                    counted: this.counted,
+                    transparent: this.transparent,
+                    not_sent_in_a_row: this.not_sent_in_a_row,
+                    refused_retried: this.refused_retried,
+                    backoff_attempt: this.backoff_attempt,
+                    previous_delay: this.previous_delay,
+                    stats: this.stats,
+                    stats_source: this.stats_source,
+                },
+            );
+            match decision {
+                Decision::Return if outcome != Outcome::Success && !this.lingering.is_empty() => {
+                    // An earlier attempt may still answer well: wait for it.
+                    *this.last = Some(result);
+                    this.state.set(State::Draining);
+                }
+                Decision::Return => {
+                    this.lingering.clear();
+                    let (sent, transparent) = (this.call.sent, *this.transparent);
+                    return Poll::Ready(
+                        result.map(|r| annotate(r, sent, transparent, this.call.grpc)),
+                    );
+                }
+                Decision::RetryAfter(delay) => {
+                    *this.last = Some(result);
+                    // A zero delay (a refused stream, pushback "0") goes at once: a timer
+                    // would round it up to the next millisecond tick.
+                    if delay.is_zero() {
+                        this.state.set(State::Ready);
+                    } else {
+                        this.state.set(State::Waiting {
+                            sleep: sleep(delay),
+                        });
+                    }
                 }
             }
         }
     }
 }
 
+/// Whether the per-attempt timer (if any) has fired; disarms it when it has.
+fn timer_fired(mut timer: Pin<&mut Option<Sleep>>, cx: &mut Context<'_>) -> bool {
+    let fired = timer
+        .as_mut()
+        .as_pin_mut()
+        .is_some_and(|t| t.poll(cx).is_ready());
+    if fired {
+        timer.set(None);
+    }
+    fired
+}
+
+/// Polls the attempts left running after their per-attempt timeout; returns the first
+/// response that classifies as a success. Their failures were counted when they timed out.
+fn poll_lingering<F, RB, E>(
+    lingering: &mut Vec<Pin<Box<F>>>,
+    policy: &RetryPolicy,
+    cx: &mut Context<'_>,
+) -> Option<Response<RB>>
+where
+    F: Future<Output = Result<Response<RB>, E>>,
+    E: Into<BoxError>,
+{
+    let mut i = 0;
+    while i < lingering.len() {
+        let Poll::Ready(result) = lingering[i].as_mut().poll(cx) else {
+            i += 1;
+            continue;
+        };
+        drop(lingering.swap_remove(i));
+        let result = result.map_err(Into::into);
+        if classify(&policy.classifier, &result) == Outcome::Success {
+            return result.ok();
+        }
+    }
+    None
+}
+
+fn attempt_result<RB>(result: &Result<Response<RB>, BoxError>) -> AttemptResult<'_> {
+    match result {
+        Ok(response) => AttemptResult::Response {
+            status: response.status(),
+            headers: response.headers(),
+        },
+        Err(error) => AttemptResult::Error(&**error),
+    }
+}
+
+fn classify<RB>(classifier: &Arc<dyn Classify>, result: &Result<Response<RB>, BoxError>) -> Outcome {
+    classifier.classify(attempt_result(result))
+}
+
 /// The bookkeeping [`decide`] reads and updates.
 struct Ctx<'a, B: Replay> {
     policy: &'a RetryPolicy,
     call: &'a Call<B>,
+    result: AttemptResult<'a>,
     throttle: Option<&'a dyn RetryThrottle>,
     max_attempts: u32,
     counted: &'a mut u32,
@@ -432,9 +587,6 @@ fn decide<B: Replay>(outcome: Outcome, ctx: Ctx<'_, B>) -> Decision {
             if *ctx.counted >= ctx.max_attempts {
                 return stop("max attempts");
             }
-            if ctx.throttle.is_some_and(|t| !t.allows_retry()) {
-                return stop("throttled");
-            }
             if !ctx.call.can_replay() {
                 return stop("committed");
             }
@@ -458,8 +610,25 @@ fn decide<B: Replay>(outcome: Outcome, ctx: Ctx<'_, B>) -> Decision {
                     delay
                 }
             };
+            let delay = match ctx.policy.on_retry.as_ref() {
+                None => delay,
+                Some(hook) => match hook(&RetryContext {
+                    attempts: *ctx.counted,
+                    outcome,
+                    result: ctx.result,
+                    delay,
+                }) {
+                    RetryDecision::Proceed => delay,
+                    RetryDecision::Delay(delay) => delay,
+                    RetryDecision::Stop => return stop("vetoed by on_retry"),
+                },
+            };
             if !fits(delay) {
                 return stop("deadline");
+            }
+            // Last, since a budget withdraws when it says yes.
+            if ctx.throttle.is_some_and(|t| !t.allows_retry()) {
+                return stop("throttled");
             }
             *ctx.counted += 1;
             let k = *ctx.counted - 1;
@@ -483,7 +652,10 @@ fn decide<B: Replay>(outcome: Outcome, ctx: Ctx<'_, B>) -> Decision {
 fn gate_idempotency<B: Replay>(outcome: Outcome, policy: &RetryPolicy, call: &Call<B>) -> Outcome {
     match outcome {
         Outcome::Retryable(pushback)
-            if !call.grpc && !policy.retry_non_idempotent && !call.method().is_idempotent() =>
+            if !call.grpc
+                && !policy.retry_non_idempotent
+                && !call.method().is_idempotent()
+                && !(policy.retry_with_idempotency_key && call.has_idempotency_key()) =>
         {
             Outcome::Fatal(pushback)
         }

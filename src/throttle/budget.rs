@@ -1,0 +1,218 @@
+//! A retry budget: retries limited to a ratio of recent calls, plus a floor per second.
+
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::RetryThrottle;
+
+const SLOTS: usize = 10;
+
+/// An error building a [`RetryBudget`]: names the parameter and the rule.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BudgetError(&'static str);
+
+impl fmt::Display for BudgetError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
+impl std::error::Error for BudgetError {}
+
+#[derive(Debug)]
+struct Window {
+    calls: [u64; SLOTS],
+    retries: [u64; SLOTS],
+    current: usize,
+    slot_started: Instant,
+}
+
+impl Window {
+    fn rotate(&mut self, now: Instant, slot: Duration) {
+        let mut steps = 0;
+        while now.saturating_duration_since(self.slot_started) >= slot && steps <= SLOTS {
+            self.current = (self.current + 1) % SLOTS;
+            self.calls[self.current] = 0;
+            self.retries[self.current] = 0;
+            self.slot_started += slot;
+            steps += 1;
+        }
+        if steps > SLOTS {
+            // Idle for longer than the window: every slot is clear; restart the clock.
+            self.slot_started = now;
+        }
+    }
+}
+
+/// A retry budget (Finagle, Linkerd, tower's `TpsBudget`): over a sliding window, retries may
+/// be at most `ratio × calls`, plus `min_per_second` retries per second so that a client with
+/// little traffic can still retry.
+///
+/// It implements [`RetryThrottle`], so it can stand where the A6 [`Throttle`](super::Throttle)
+/// stands: `Policies::builder().throttle(budget)`. Time is `tokio::time::Instant`, so it can be
+/// tested on tokio's paused clock.
+///
+/// # Budget or token bucket?
+///
+/// The A6 bucket reacts to the *failure rate*: it stops retries when failures outnumber
+/// successes by the configured ratio, and needs successes to refill. A budget bounds the
+/// *extra load* retries may add, whatever the failure rate: with a ratio of 0.2, retries never
+/// add more than 20 % to the calls of the last window. Choose the bucket to get gRPC's
+/// behaviour from service config; choose a budget when you size capacity by load and want a
+/// hard ceiling on retry amplification even while the server half-works.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_retry_hedge::throttle::{RetryBudget, RetryThrottle};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let budget = RetryBudget::new(Duration::from_secs(10), 0, 0.5)?;
+/// for _ in 0..4 {
+///     budget.on_call();
+/// }
+/// assert!(budget.allows_retry()); // 1 of 2
+/// assert!(budget.allows_retry()); // 2 of 2
+/// assert!(!budget.allows_retry()); // 4 calls × 0.5 spent
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct RetryBudget {
+    window: Arc<Mutex<Window>>,
+    slot: Duration,
+    ttl: Duration,
+    min_per_second: u32,
+    ratio: f64,
+}
+
+impl fmt::Debug for RetryBudget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RetryBudget")
+            .field("ttl", &self.ttl)
+            .field("min_per_second", &self.min_per_second)
+            .field("ratio", &self.ratio)
+            .finish()
+    }
+}
+
+impl RetryBudget {
+    /// A budget over a window of `ttl` (1 s to 60 s), with a floor of `min_per_second`
+    /// retries per second and `ratio` (0 to 1000) retries per call.
+    pub fn new(ttl: Duration, min_per_second: u32, ratio: f64) -> Result<RetryBudget, BudgetError> {
+        if ttl < Duration::from_secs(1) || ttl > Duration::from_secs(60) {
+            return Err(BudgetError("ttl: must be between 1 s and 60 s"));
+        }
+        if !(ratio.is_finite() && (0.0..=1000.0).contains(&ratio)) {
+            return Err(BudgetError("ratio: must be a finite number in [0, 1000]"));
+        }
+        Ok(RetryBudget {
+            window: Arc::new(Mutex::new(Window {
+                calls: [0; SLOTS],
+                retries: [0; SLOTS],
+                current: 0,
+                slot_started: Instant::now(),
+            })),
+            slot: ttl / SLOTS as u32,
+            ttl,
+            min_per_second,
+            ratio,
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Window> {
+        // Plain counters: a panic elsewhere cannot leave them inconsistent.
+        self.window.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Retries still allowed now (rounded down).
+    pub fn remaining(&self) -> u64 {
+        let mut window = self.lock();
+        window.rotate(Instant::now(), self.slot);
+        self.available(&window)
+    }
+
+    fn available(&self, window: &Window) -> u64 {
+        let calls: u64 = window.calls.iter().sum();
+        let retries: u64 = window.retries.iter().sum();
+        let floor = u64::from(self.min_per_second).saturating_mul(self.ttl.as_secs());
+        let allowed = (calls as f64 * self.ratio) as u64 + floor;
+        allowed.saturating_sub(retries)
+    }
+}
+
+impl RetryThrottle for RetryBudget {
+    fn on_call(&self) {
+        let mut window = self.lock();
+        window.rotate(Instant::now(), self.slot);
+        let current = window.current;
+        window.calls[current] = window.calls[current].saturating_add(1);
+    }
+
+    fn on_success(&self) {}
+
+    fn on_failure(&self) {}
+
+    fn allows_retry(&self) -> bool {
+        let mut window = self.lock();
+        window.rotate(Instant::now(), self.slot);
+        if self.available(&window) == 0 {
+            return false;
+        }
+        let current = window.current;
+        window.retries[current] += 1;
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn ratio_of_calls_in_the_window() {
+        let budget = RetryBudget::new(Duration::from_secs(10), 0, 0.2).unwrap();
+        for _ in 0..10 {
+            budget.on_call();
+        }
+        assert_eq!(budget.remaining(), 2);
+        assert!(budget.allows_retry());
+        assert!(budget.allows_retry());
+        assert!(!budget.allows_retry());
+        // The calls age out with the window; so do the retries.
+        tokio::time::advance(Duration::from_secs(11)).await;
+        assert_eq!(budget.remaining(), 0);
+        budget.on_call();
+        budget.on_call();
+        budget.on_call();
+        budget.on_call();
+        budget.on_call();
+        assert!(budget.allows_retry());
+        assert!(!budget.allows_retry());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn floor_per_second_without_traffic() {
+        let budget = RetryBudget::new(Duration::from_secs(2), 3, 0.0).unwrap();
+        for _ in 0..6 {
+            assert!(budget.allows_retry());
+        }
+        assert!(!budget.allows_retry());
+        tokio::time::advance(Duration::from_secs(3)).await;
+        assert_eq!(budget.remaining(), 6);
+    }
+
+    #[test]
+    fn parameters_are_validated() {
+        let ttl = Duration::from_secs(10);
+        assert!(RetryBudget::new(Duration::from_millis(10), 1, 0.1).is_err());
+        assert!(RetryBudget::new(Duration::from_secs(61), 1, 0.1).is_err());
+        assert!(RetryBudget::new(ttl, 1, f64::NAN).is_err());
+        assert!(RetryBudget::new(ttl, 1, -0.1).is_err());
+        let err = RetryBudget::new(ttl, 1, f64::INFINITY).unwrap_err();
+        assert_eq!(err.to_string(), "ratio: must be a finite number in [0, 1000]");
+    }
+}
