@@ -324,7 +324,10 @@ impl RetryPolicyBuilder {
             return Err(PolicyError::new("max_attempts", "must be at least 2"));
         }
         if self.per_attempt_timeout == Some(Duration::ZERO) {
-            return Err(PolicyError::new("per_attempt_timeout", "must be above zero"));
+            return Err(PolicyError::new(
+                "per_attempt_timeout",
+                "must be above zero",
+            ));
         }
         if self.hedge_on_per_attempt_timeout && self.per_attempt_timeout.is_none() {
             return Err(PolicyError::new(

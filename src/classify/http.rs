@@ -326,15 +326,25 @@ mod tests {
             with_header(&c, 503, "x-ratelimit-reset", "7"),
             after(Duration::from_secs(7))
         );
-        let unix = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs() + 20;
+        let unix = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+            + 20;
         let Outcome::Retryable(Some(Pushback::After(d))) =
             with_header(&c, 503, "x-ratelimit-reset", &unix.to_string())
         else {
             panic!("a Unix time is pushback");
         };
-        assert!(d > Duration::from_secs(18) && d <= Duration::from_secs(20), "{d:?}");
+        assert!(
+            d > Duration::from_secs(18) && d <= Duration::from_secs(20),
+            "{d:?}"
+        );
         // Retry-After is not in this list: ignored.
-        assert_eq!(with_header(&c, 503, "retry-after", "3"), Outcome::Retryable(None));
+        assert_eq!(
+            with_header(&c, 503, "retry-after", "3"),
+            Outcome::Retryable(None)
+        );
         // Above the cap: the backoff applies.
         assert_eq!(
             with_header(&c, 503, "x-amz-retry-after", "31000"),
@@ -354,7 +364,10 @@ mod tests {
             let Outcome::Retryable(Some(Pushback::After(d))) = classify(&c, 503, Some("4")) else {
                 panic!("pushback expected");
             };
-            assert!(d >= Duration::from_secs(4) && d <= Duration::from_secs(6), "{d:?}");
+            assert!(
+                d >= Duration::from_secs(4) && d <= Duration::from_secs(6),
+                "{d:?}"
+            );
             seen_above |= d > Duration::from_millis(4500);
         }
         assert!(seen_above);
@@ -368,7 +381,10 @@ mod tests {
 
     #[test]
     fn too_early_is_refused() {
-        assert_eq!(classify(&HttpStatuses::default(), 425, None), Outcome::Refused);
+        assert_eq!(
+            classify(&HttpStatuses::default(), 425, None),
+            Outcome::Refused
+        );
     }
 
     #[test]

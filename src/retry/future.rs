@@ -470,7 +470,10 @@ fn attempt_result<RB>(result: &Result<Response<RB>, BoxError>) -> AttemptResult<
     }
 }
 
-fn classify<RB>(classifier: &Arc<dyn Classify>, result: &Result<Response<RB>, BoxError>) -> Outcome {
+fn classify<RB>(
+    classifier: &Arc<dyn Classify>,
+    result: &Result<Response<RB>, BoxError>,
+) -> Outcome {
     classifier.classify(attempt_result(result))
 }
 

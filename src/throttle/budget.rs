@@ -213,6 +213,9 @@ mod tests {
         assert!(RetryBudget::new(ttl, 1, f64::NAN).is_err());
         assert!(RetryBudget::new(ttl, 1, -0.1).is_err());
         let err = RetryBudget::new(ttl, 1, f64::INFINITY).unwrap_err();
-        assert_eq!(err.to_string(), "ratio: must be a finite number in [0, 1000]");
+        assert_eq!(
+            err.to_string(),
+            "ratio: must be a finite number in [0, 1000]"
+        );
     }
 }

@@ -1,0 +1,399 @@
+//! Beyond A6: per-attempt timeouts, hedging on them, retry budgets, rate-limit headers,
+//! Idempotency-Key, 425, and the on_retry hook. Mock services on tokio's paused clock.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::Full;
+use tokio::time::Instant;
+use tower::{Layer, ServiceExt};
+use tower_retry_hedge::backoff::{Exponential, Jitter};
+use tower_retry_hedge::classify::{Code, GrpcCodes, HttpStatuses, ResetFormat, ResetHeader};
+use tower_retry_hedge::error::AttemptTimedOut;
+use tower_retry_hedge::metadata::Attempts;
+use tower_retry_hedge::policy::{RetryDecision, Route};
+use tower_retry_hedge::throttle::RetryBudget;
+use tower_retry_hedge::{BoxError, Policies, RetryLayer, RetryPolicy};
+
+type Req = Request<Full<Bytes>>;
+type Res = Response<u32>;
+
+/// A service whose n-th attempt (from 0) answers `status` after `latency`, both chosen by a
+/// script; it counts attempts started and attempts dropped before answering.
+#[derive(Clone)]
+struct Scripted {
+    script: Arc<dyn Fn(u32) -> (Duration, u16, Vec<(&'static str, String)>) + Send + Sync>,
+    started: Arc<AtomicU32>,
+    cancelled: Arc<AtomicU32>,
+}
+
+impl Scripted {
+    fn new(
+        script: impl Fn(u32) -> (Duration, u16, Vec<(&'static str, String)>) + Send + Sync + 'static,
+    ) -> Self {
+        Scripted {
+            script: Arc::new(script),
+            started: Arc::default(),
+            cancelled: Arc::default(),
+        }
+    }
+
+    fn started(&self) -> u32 {
+        self.started.load(Ordering::SeqCst)
+    }
+
+    fn cancelled(&self) -> u32 {
+        self.cancelled.load(Ordering::SeqCst)
+    }
+}
+
+struct CancelGuard(Option<Arc<AtomicU32>>);
+
+impl Drop for CancelGuard {
+    fn drop(&mut self) {
+        if let Some(counter) = self.0.take() {
+            counter.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+impl tower::Service<Req> for Scripted {
+    type Response = Res;
+    type Error = BoxError;
+    type Future =
+        std::pin::Pin<Box<dyn std::future::Future<Output = Result<Res, BoxError>> + Send>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), BoxError>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: Req) -> Self::Future {
+        let n = self.started.fetch_add(1, Ordering::SeqCst);
+        let (latency, status, headers) = (self.script)(n);
+        let mut guard = CancelGuard(Some(self.cancelled.clone()));
+        Box::pin(async move {
+            tokio::time::sleep(latency).await;
+            guard.0 = None;
+            let mut response = Response::builder().status(status);
+            for (name, value) in headers {
+                response = response.header(name, value);
+            }
+            Ok(response.body(n).unwrap())
+        })
+    }
+}
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn fixed_backoff(delay: Duration) -> Exponential {
+    Exponential::new(delay, delay, 1.0, Jitter::None).unwrap()
+}
+
+fn http_policy() -> tower_retry_hedge::policy::RetryPolicyBuilder {
+    RetryPolicy::builder()
+        .max_attempts(4)
+        .backoff(fixed_backoff(ms(10)))
+        .retryable(HttpStatuses::default())
+}
+
+fn layer(policy: RetryPolicy) -> RetryLayer {
+    RetryLayer::new(
+        Policies::builder()
+            .route(Route::prefix("/"), policy)
+            .build(),
+    )
+}
+
+fn get() -> Req {
+    Request::get("/items")
+        .body(Full::new(Bytes::new()))
+        .unwrap()
+}
+
+fn post() -> Req {
+    Request::post("/items")
+        .body(Full::new(Bytes::new()))
+        .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn per_attempt_timeout_cancels_and_retries() {
+    // Attempt 0 would take 1 s; the per-attempt timeout of 100 ms cancels it.
+    let svc = Scripted::new(|n| (if n == 0 { ms(1000) } else { ms(5) }, 200, vec![]));
+    let policy = http_policy().per_attempt_timeout(ms(100)).build().unwrap();
+    let started = Instant::now();
+    let response = layer(policy)
+        .layer(svc.clone())
+        .oneshot(get())
+        .await
+        .unwrap();
+    assert_eq!(*response.body(), 1);
+    assert_eq!(svc.cancelled(), 1);
+    // 100 ms timeout + 10 ms backoff + 5 ms answer.
+    assert_eq!(started.elapsed(), ms(115));
+}
+
+#[tokio::test(start_paused = true)]
+async fn per_attempt_timeouts_end_with_attempt_timed_out() {
+    let svc = Scripted::new(|_| (ms(1000), 200, vec![]));
+    let policy = http_policy().per_attempt_timeout(ms(100)).build().unwrap();
+    let error = layer(policy)
+        .layer(svc.clone())
+        .oneshot(get())
+        .await
+        .unwrap_err();
+    assert!(error.downcast_ref::<AttemptTimedOut>().is_some(), "{error}");
+    assert_eq!(svc.started(), 4);
+    assert_eq!(svc.cancelled(), 4);
+}
+
+#[tokio::test(start_paused = true)]
+async fn hedge_on_per_attempt_timeout_keeps_the_slow_attempt() {
+    // Attempt 0 answers at 300 ms; attempt 1 (sent at 100 ms) would take 1 s.
+    let svc = Scripted::new(|n| (if n == 0 { ms(300) } else { ms(1000) }, 200, vec![]));
+    let policy = http_policy()
+        .per_attempt_timeout(ms(100))
+        .hedge_on_per_attempt_timeout(true)
+        .build()
+        .unwrap();
+    let started = Instant::now();
+    let response = layer(policy)
+        .layer(svc.clone())
+        .oneshot(get())
+        .await
+        .unwrap();
+    assert_eq!(*response.body(), 0, "the first attempt, left running, won");
+    assert_eq!(started.elapsed(), ms(300));
+    // Attempts at 0, 100, 200 ms; the two later ones were cancelled when the first won.
+    assert_eq!(svc.started(), 3);
+    assert_eq!(svc.cancelled(), 2);
+    assert_eq!(response.extensions().get::<Attempts>().unwrap().sent(), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn hedge_on_per_attempt_timeout_waits_for_slow_attempts_after_the_last_failure() {
+    // Attempt 0 is slow but good (400 ms); attempts 1..3 fail fast with 503.
+    let svc = Scripted::new(|n| {
+        if n == 0 {
+            (ms(400), 200, vec![])
+        } else {
+            (ms(1), 503, vec![])
+        }
+    });
+    let policy = http_policy()
+        .max_attempts(2)
+        .per_attempt_timeout(ms(100))
+        .hedge_on_per_attempt_timeout(true)
+        .build()
+        .unwrap();
+    let response = layer(policy)
+        .layer(svc.clone())
+        .oneshot(get())
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(*response.body(), 0);
+    assert_eq!(svc.started(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn retry_budget_caps_retries_in_a_failure_burst() {
+    // Every call fails. Budget: 20 % of calls, no floor: 100 calls make at most 20 retries.
+    let svc = Scripted::new(|_| (ms(1), 503, vec![]));
+    let budget = RetryBudget::new(Duration::from_secs(10), 0, 0.2).unwrap();
+    let policy = http_policy().build().unwrap();
+    let policies = Policies::builder()
+        .route(Route::prefix("/"), policy)
+        .throttle(budget.clone())
+        .build();
+    let svc = RetryLayer::new(policies).layer(svc.clone());
+    let mut attempts = 0;
+    for _ in 0..100 {
+        let response = svc.clone().oneshot(get()).await.unwrap();
+        attempts += response.extensions().get::<Attempts>().unwrap().sent();
+    }
+    assert_eq!(attempts, 120, "100 calls + 20 retries");
+    assert_eq!(budget.remaining(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn rate_limit_reset_header_delays_the_retry() {
+    let svc = Scripted::new(|n| {
+        if n == 0 {
+            (ms(1), 429, vec![("x-amz-retry-after", "750".to_string())])
+        } else {
+            (ms(1), 200, vec![])
+        }
+    });
+    let classifier = HttpStatuses::default()
+        .with(StatusCode::TOO_MANY_REQUESTS)
+        .reset_headers([
+            ResetHeader::retry_after(),
+            ResetHeader::new("x-amz-retry-after", ResetFormat::Millis),
+        ]);
+    let policy = http_policy().retryable(classifier).build().unwrap();
+    let started = Instant::now();
+    let response = layer(policy).layer(svc).oneshot(get()).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(started.elapsed(), ms(1 + 750 + 1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn retry_after_above_the_cap_falls_back_to_the_backoff() {
+    let svc = Scripted::new(|n| {
+        if n == 0 {
+            (ms(1), 503, vec![("retry-after", "3600".to_string())])
+        } else {
+            (ms(1), 200, vec![])
+        }
+    });
+    let policy = http_policy().build().unwrap();
+    let started = Instant::now();
+    layer(policy).layer(svc).oneshot(get()).await.unwrap();
+    assert_eq!(started.elapsed(), ms(1 + 10 + 1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn too_early_is_retried_even_for_post() {
+    let svc = Scripted::new(|n| (ms(1), if n == 0 { 425 } else { 201 }, vec![]));
+    let policy = http_policy().build().unwrap();
+    let response = layer(policy)
+        .layer(svc.clone())
+        .oneshot(post())
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::CREATED);
+    assert_eq!(
+        *response.extensions().get::<Attempts>().unwrap(),
+        Attempts::new(2, 1)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn idempotency_key_opts_post_in_when_enabled() {
+    let with_key = || {
+        Request::post("/items")
+            .header("idempotency-key", "8e03978e-40d5-43e8-bc93-6894a57f9324")
+            .body(Full::new(Bytes::new()))
+            .unwrap()
+    };
+    let script = |n| (ms(1), if n == 0 { 503 } else { 201 }, vec![]);
+
+    let svc = Scripted::new(script);
+    let enabled = http_policy()
+        .retry_with_idempotency_key(true)
+        .build()
+        .unwrap();
+    let response = layer(enabled.clone())
+        .layer(svc.clone())
+        .oneshot(with_key())
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::CREATED);
+
+    // Without the header, or without the opt-in, POST is not retried.
+    let svc = Scripted::new(script);
+    let response = layer(enabled)
+        .layer(svc.clone())
+        .oneshot(post())
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let svc = Scripted::new(script);
+    let disabled = http_policy().build().unwrap();
+    let response = layer(disabled)
+        .layer(svc.clone())
+        .oneshot(with_key())
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(svc.started(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn on_retry_hook_overrides_the_delay_and_vetoes() {
+    let svc = Scripted::new(|_| (ms(1), 503, vec![]));
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = seen.clone();
+    let policy = http_policy()
+        .on_retry(move |ctx| {
+            log.lock().unwrap().push((ctx.attempts, ctx.delay));
+            match ctx.attempts {
+                1 => RetryDecision::Delay(ms(200)),
+                2 => RetryDecision::Proceed,
+                _ => RetryDecision::Stop,
+            }
+        })
+        .build()
+        .unwrap();
+    let started = Instant::now();
+    let response = layer(policy)
+        .layer(svc.clone())
+        .oneshot(get())
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        svc.started(),
+        3,
+        "vetoed before the fourth of four attempts"
+    );
+    assert_eq!(started.elapsed(), ms(1 + 200 + 1 + 10 + 1));
+    assert_eq!(
+        *seen.lock().unwrap(),
+        vec![(1, ms(10)), (2, ms(10)), (3, ms(10))]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn on_retry_hook_cannot_exceed_max_attempts() {
+    let svc = Scripted::new(|_| (ms(1), 503, vec![]));
+    let policy = http_policy()
+        .max_attempts(2)
+        .on_retry(|_| RetryDecision::Delay(Duration::ZERO))
+        .build()
+        .unwrap();
+    layer(policy)
+        .layer(svc.clone())
+        .oneshot(get())
+        .await
+        .unwrap();
+    assert_eq!(svc.started(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn grpc_per_attempt_timeout_respects_the_call_deadline() {
+    let svc = Scripted::new(|_| (ms(1000), 200, vec![]));
+    let policy = RetryPolicy::builder()
+        .max_attempts(5)
+        .backoff(fixed_backoff(ms(10)))
+        .retryable(GrpcCodes::from([Code::Unavailable]))
+        .per_attempt_timeout(ms(100))
+        .timeout(ms(250))
+        .build()
+        .unwrap();
+    let policies = Policies::builder().method("/pkg.Svc/M", policy).build();
+    let request = Request::post("/pkg.Svc/M")
+        .header("content-type", "application/grpc")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let started = Instant::now();
+    let error = RetryLayer::new(policies)
+        .layer(svc.clone())
+        .oneshot(request)
+        .await
+        .unwrap_err();
+    assert_eq!(started.elapsed(), ms(250));
+    assert!(error.to_string().contains("deadline"), "{error}");
+    // 0–100, 110–210, 220–250 (cut by the deadline).
+    assert_eq!(svc.started(), 3);
+    assert_eq!(svc.cancelled(), 3);
+}
