@@ -653,15 +653,12 @@ fn decide<B: Replay>(outcome: Outcome, ctx: Ctx<'_, B>) -> Decision {
 /// Non-idempotent HTTP requests are not retried unless the policy opts in: their retryable
 /// failures become fatal. Never-sent and refused attempts stay safe to retry.
 fn gate_idempotency<B: Replay>(outcome: Outcome, policy: &RetryPolicy, call: &Call<B>) -> Outcome {
+    let safe = call.grpc
+        || policy.retry_non_idempotent
+        || call.method().is_idempotent()
+        || (policy.retry_with_idempotency_key && call.has_idempotency_key());
     match outcome {
-        Outcome::Retryable(pushback)
-            if !call.grpc
-                && !policy.retry_non_idempotent
-                && !call.method().is_idempotent()
-                && !(policy.retry_with_idempotency_key && call.has_idempotency_key()) =>
-        {
-            Outcome::Fatal(pushback)
-        }
+        Outcome::Retryable(pushback) if !safe => Outcome::Fatal(pushback),
         other => other,
     }
 }
