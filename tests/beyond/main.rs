@@ -23,9 +23,12 @@ type Res = Response<u32>;
 
 /// A service whose n-th attempt (from 0) answers `status` after `latency`, both chosen by a
 /// script; it counts attempts started and attempts dropped before answering.
+/// What attempt n does: its latency, status and response headers.
+type Script = dyn Fn(u32) -> (Duration, u16, Vec<(&'static str, String)>) + Send + Sync;
+
 #[derive(Clone)]
 struct Scripted {
-    script: Arc<dyn Fn(u32) -> (Duration, u16, Vec<(&'static str, String)>) + Send + Sync>,
+    script: Arc<Script>,
     started: Arc<AtomicU32>,
     cancelled: Arc<AtomicU32>,
 }
@@ -51,6 +54,13 @@ impl Scripted {
 }
 
 struct CancelGuard(Option<Arc<AtomicU32>>);
+
+impl CancelGuard {
+    /// The attempt answered: dropping it now is no cancellation.
+    fn disarm(&mut self) {
+        self.0 = None;
+    }
+}
 
 impl Drop for CancelGuard {
     fn drop(&mut self) {
@@ -79,7 +89,7 @@ impl tower::Service<Req> for Scripted {
         let mut guard = CancelGuard(Some(self.cancelled.clone()));
         Box::pin(async move {
             tokio::time::sleep(latency).await;
-            guard.0 = None;
+            guard.disarm();
             let mut response = Response::builder().status(status);
             for (name, value) in headers {
                 response = response.header(name, value);
