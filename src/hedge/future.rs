@@ -229,6 +229,15 @@ where
                     continue;
                 };
                 let attempt = this.attempts.swap_remove(i);
+                // An attempt polled before this one may just have committed the body to
+                // itself: this one was cut off, and its result (a body error) means nothing.
+                if this
+                    .call
+                    .committed_reader()
+                    .is_some_and(|reader| reader != attempt.reader)
+                {
+                    continue;
+                }
                 let result = result.map_err(Into::into);
                 let outcome = match &result {
                     Ok(response) => this.policy.classifier.classify(AttemptResult::Response {
@@ -309,6 +318,14 @@ where
                         *this.last = Some(result);
                     }
                 }
+            }
+
+            // The body may have been committed while the attempts were polled: cancel the
+            // others now, as A6 asks, not at some later wake-up.
+            if let Some(reader) = this.call.committed_reader()
+                && this.attempts.iter().any(|a| a.reader != reader)
+            {
+                continue;
             }
 
             if *this.timer_armed && this.timer.as_mut().poll(cx).is_ready() {
