@@ -1033,3 +1033,23 @@ async fn dropping_the_response_future_cancels_every_attempt_and_sends_no_more() 
     assert!(first.cancelled() && second.cancelled());
     assert_no_more_probes(&mut arrivals).await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_delay_too_large_for_the_clock_means_no_hedge_and_no_panic() {
+    let policy = HedgePolicy::builder()
+        .max_attempts(3)
+        .delay(Duration::MAX)
+        .non_fatal(GrpcCodes::from([Code::Unavailable]))
+        .build()
+        .unwrap();
+    let start = Instant::now();
+    let (call, mut handle) = call_mock(policies(policy), grpc_request());
+    let (_, first, _) = next(&mut handle, start).await;
+    // A non-fatal failure sends the next hedge at once; the one after would be due "never".
+    first.send_response(trailers_only(Code::Unavailable, None));
+    let (_, second, at) = next(&mut handle, start).await;
+    assert_eq!(at, Duration::ZERO);
+    assert_no_more_attempts(&mut handle).await;
+    second.send_response(grpc_ok());
+    assert_eq!(attempts(&call.await.unwrap().unwrap()).sent(), 2);
+}
