@@ -87,6 +87,17 @@ where
     }
 }
 
+/// What tokio's `sleep` takes for a delay past what the clock can hold: about 30 years.
+const FAR_FUTURE: Duration = Duration::from_secs(86_400 * 365 * 30);
+
+/// `now + delay`, saturating rather than panicking on a delay too large for the clock (a
+/// policy's delay and a classifier's pushback are any `Duration`).
+fn instant_after(now: Instant, delay: Duration) -> Instant {
+    now.checked_add(delay)
+        .or_else(|| now.checked_add(FAR_FUTURE))
+        .unwrap_or(now)
+}
+
 /// One attempt in flight.
 struct InFlight<F> {
     future: Pin<Box<F>>,
@@ -175,7 +186,7 @@ where
         });
         Hedging {
             deadline: parts.call.deadline.map(sleep_until),
-            timer: sleep_until(now + delay),
+            timer: sleep_until(instant_after(now, delay)),
             timer_armed: more && !delay.is_zero(),
             attempts,
             service: parts.service,
@@ -232,6 +243,15 @@ where
                     continue;
                 };
                 let attempt = this.attempts.swap_remove(i);
+                // An attempt polled before this one may just have committed the body to
+                // itself: this one was cut off, and its result (a body error) means nothing.
+                if this
+                    .call
+                    .committed_reader()
+                    .is_some_and(|reader| reader != attempt.reader)
+                {
+                    continue;
+                }
                 let result = result.map_err(Into::into);
                 let outcome = match &result {
                     Ok(response) => this.policy.classifier.classify(AttemptResult::Response {
@@ -306,7 +326,7 @@ where
                             Some(Pushback::After(delay)) => {
                                 tracing::debug!(attempt = attempt.number, ?delay, "pushback");
                                 *this.hedge_due = false;
-                                this.timer.as_mut().reset(now + delay);
+                                this.timer.as_mut().reset(instant_after(now, delay));
                                 *this.timer_armed = true;
                             }
                             None => {
@@ -321,6 +341,14 @@ where
                         *this.last = Some(result);
                     }
                 }
+            }
+
+            // The body may have been committed while the attempts were polled: cancel the
+            // others now, as A6 asks, not at some later wake-up.
+            if let Some(reader) = this.call.committed_reader()
+                && this.attempts.iter().any(|a| a.reader != reader)
+            {
+                continue;
             }
 
             if *this.timer_armed && this.timer.as_mut().poll(cx).is_ready() {
@@ -373,7 +401,9 @@ where
                                     if this.delay.is_zero() {
                                         *this.hedge_due = true;
                                     } else {
-                                        this.timer.as_mut().reset(Instant::now() + *this.delay);
+                                        this.timer
+                                            .as_mut()
+                                            .reset(instant_after(Instant::now(), *this.delay));
                                         *this.timer_armed = true;
                                     }
                                 }
