@@ -177,7 +177,8 @@ where
         let delay = parts.policy.delay.current();
         let max_attempts = parts.policy.max_attempts.min(parts.max_attempts_cap);
         let more = max_attempts > 1;
-        let mut attempts = Vec::with_capacity(max_attempts as usize);
+        // The cap is the client's, but still bound what one call reserves up front.
+        let mut attempts = Vec::with_capacity(max_attempts.min(8) as usize);
         attempts.push(InFlight {
             future: Box::pin(first),
             reader: parts.reader,
