@@ -17,6 +17,8 @@ use tower_retry_hedge::throttle::Throttle;
 use tower_retry_hedge::{BoxError, Policies, RetryLayer, RetryPolicy};
 use tower_test::mock;
 
+mod spans;
+
 type Req = Request<Full<Bytes>>;
 type Res = Response<()>;
 type Handle = mock::Handle<Req, Res>;
