@@ -116,6 +116,7 @@ pub mod classify;
 pub mod config;
 pub mod error;
 pub mod grpc_timeout;
+pub mod guide;
 pub mod hedge;
 pub mod latency;
 pub mod metadata;
