@@ -115,6 +115,9 @@ impl Service<Req> for Downstream {
     }
 }
 
+/// A strategy wrapped around the downstream, type-erased.
+type Client = BoxService<Req, Res, BoxError>;
+
 /// tower's hedge policy: every request may be cloned and hedged.
 #[derive(Clone)]
 struct HedgeAll;
@@ -154,7 +157,7 @@ impl Strategy {
         self,
         downstream: Downstream,
         scale: Scale,
-    ) -> Result<(BoxService<Req, Res, BoxError>, Option<AdaptiveDelay>), BoxError> {
+    ) -> Result<(Client, Option<AdaptiveDelay>), BoxError> {
         let hedged = |policy: HedgePolicy| {
             let policies = Policies::builder().service(SERVICE, policy).build();
             BoxService::new(tower::Layer::layer(

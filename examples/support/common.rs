@@ -183,8 +183,13 @@ impl Cli {
     }
 }
 
-/// Prints a plain table, columns padded to their widest cell; numbers right-aligned.
+/// Prints a plain table on stdout: see [`render_table`].
 pub fn print_table(header: &[&str], rows: &[Vec<String>]) {
+    print!("{}", render_table(header, rows));
+}
+
+/// A plain table, columns padded to their widest cell, numbers right-aligned.
+pub fn render_table(header: &[&str], rows: &[Vec<String>]) -> String {
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
     for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {
@@ -205,20 +210,16 @@ pub fn print_table(header: &[&str], rows: &[Vec<String>]) {
                 }
             })
             .collect();
-        println!("{}", padded.join("  ").trim_end());
+        format!("{}\n", padded.join("  ").trim_end())
     };
-    line(header.to_vec());
-    println!(
-        "{}",
-        widths
-            .iter()
-            .map(|&w| "-".repeat(w))
-            .collect::<Vec<_>>()
-            .join("  ")
-    );
+    let mut out = line(header.to_vec());
+    let rule: Vec<String> = widths.iter().map(|&w| "-".repeat(w)).collect();
+    out.push_str(&rule.join("  "));
+    out.push('\n');
     for row in rows {
-        line(row.iter().map(String::as_str).collect());
+        out.push_str(&line(row.iter().map(String::as_str).collect()));
     }
+    out
 }
 
 /// The value at quantile `q` of sorted `values` (nearest rank).
