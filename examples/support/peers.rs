@@ -26,6 +26,7 @@ use tower::util::BoxCloneService;
 use tower::{BoxError, Layer, Service, ServiceExt};
 use tower_retry_hedge::backoff::{Backoff, Exponential, Step};
 use tower_retry_hedge::classify::{Code, GrpcCodes};
+use tower_retry_hedge::throttle::RetryBudget;
 use tower_retry_hedge::{Policies, RetryLayer, RetryPolicy, Throttle};
 
 use crate::common::{Req, Res, SERVICE, Seeded, grpc_request, is_ok, is_unavailable};
@@ -198,7 +199,8 @@ pub enum Peer {
     ResilienceAimd,
     /// This crate's `RetryLayer`, `maxAttempts` 4, with the gRFC A6 throttle (10, 0.1).
     CrateA6,
-    /// This crate with a retry budget: not written yet.
+    /// This crate's `RetryLayer`, `maxAttempts` 4, with a `RetryBudget` at tower's
+    /// `TpsBudget` defaults (10 s, 10 retries/s, 20 %).
     CrateBudget,
 }
 
@@ -223,7 +225,7 @@ impl Peer {
             Peer::Resilience => "tower-resilience retry",
             Peer::ResilienceAimd => "tower-resilience retry + AIMD budget",
             Peer::CrateA6 => "this crate + A6 throttle (10, 0.1)",
-            Peer::CrateBudget => "this crate + budget",
+            Peer::CrateBudget => "this crate + budget (10 s, 10/s, 20 %)",
         }
     }
 
@@ -282,19 +284,20 @@ impl Peer {
             Peer::TowerTps => tower_retry(Some(Arc::new(TpsBudget::default())))?,
             Peer::Resilience => resilience(false)?,
             Peer::ResilienceAimd => resilience(true)?,
-            Peer::CrateA6 => {
+            Peer::CrateA6 | Peer::CrateBudget => {
                 let policy = RetryPolicy::builder()
                     .max_attempts(MAX_ATTEMPTS)
                     .backoff(a6_backoff(seed)?)
                     .retryable(GrpcCodes::from([Code::Unavailable]))
                     .build()?;
-                let policies = Policies::builder()
-                    .service(SERVICE, policy)
-                    .throttle(Throttle::new(10, 0.1)?)
-                    .build();
-                BoxCloneService::new(RetryLayer::new(policies).layer(downstream))
+                let policies = Policies::builder().service(SERVICE, policy);
+                let policies = if self == Peer::CrateA6 {
+                    policies.throttle(Throttle::new(10, 0.1)?)
+                } else {
+                    policies.throttle(RetryBudget::new(Duration::from_secs(10), 10, 0.2)?)
+                };
+                BoxCloneService::new(RetryLayer::new(policies.build()).layer(downstream))
             }
-            Peer::CrateBudget => return Ok(None),
         }))
     }
 }
