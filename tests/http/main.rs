@@ -10,9 +10,6 @@
 mod common;
 
 use std::future::Future;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -29,7 +26,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use tower::{Service, ServiceBuilder, ServiceExt as _};
+use tower::{ServiceBuilder, ServiceExt as _};
 use tower_retry_hedge::backoff::{Exponential, Jitter};
 use tower_retry_hedge::classify::HttpStatuses;
 use tower_retry_hedge::metadata::Attempts;
@@ -286,75 +283,86 @@ async fn status_429_without_retry_after_is_not_retried() {
     guard(peer.shutdown()).await;
 }
 
-/// Counts the requests that reach the wrapped service.
-#[derive(Clone)]
-struct Counting<S> {
-    inner: S,
-    calls: Arc<AtomicUsize>,
-}
-
-impl<S, R> Service<R> for Counting<S>
-where
-    S: Service<R>,
-{
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = S::Future;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: R) -> S::Future {
-        self.calls.fetch_add(1, Ordering::SeqCst);
-        self.inner.call(request)
-    }
-}
-
+/// Needs the `hyper-util` feature: the layer recognises the client's connect errors as
+/// "never sent".
 #[cfg(feature = "hyper-util")]
-#[tokio::test]
-async fn connection_refused_is_retried_transparently_then_returned() {
+mod connection_refused {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::task::{Context, Poll};
+
+    use tower::Service;
     use tower_retry_hedge::classify::{Outcome, transport_outcome};
 
-    // A port that was just free: nothing listens on it.
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind 127.0.0.1:0");
-    let addr = listener.local_addr().expect("listener address");
-    drop(listener);
+    use super::*;
 
-    let policy = RetryPolicy::builder()
-        .max_attempts(2)
-        .backoff(backoff())
-        .retryable(HttpStatuses::default())
-        .max_transparent_retries(3)
-        .build()
-        .expect("valid policy");
-    let policies = Policies::builder()
-        .route(Route::prefix("/"), policy)
-        .build();
-    let calls = Arc::new(AtomicUsize::new(0));
-    let counting = Counting {
-        inner: http_client::<Body>(),
-        calls: Arc::clone(&calls),
-    };
-    let svc = ServiceBuilder::new()
-        .layer(RetryLayer::new(policies.clone()))
-        .service(counting);
+    /// Counts the requests that reach the wrapped service.
+    #[derive(Clone)]
+    struct Counting<S> {
+        inner: S,
+        calls: Arc<AtomicUsize>,
+    }
 
-    // POST: a request that never left the client is safe to retry whatever its method.
-    let request = Request::post(format!("http://{addr}/items"))
-        .body(channel_body(vec![Bytes::from_static(b"never sent")], None))
-        .expect("valid request");
-    let error = guard(svc.oneshot(request))
-        .await
-        .expect_err("nothing listens");
-    let connect = error
-        .downcast_ref::<hyper_util::client::legacy::Error>()
-        .expect("the client's own error, unchanged");
-    assert!(connect.is_connect(), "{connect:?}");
-    assert_eq!(transport_outcome(&*error), Some(Outcome::NotSent));
-    // The first attempt and three transparent retries; maxAttempts (2) does not bound them.
-    assert_eq!(calls.load(Ordering::SeqCst), 4);
-    assert_buffers_free(&policies);
+    impl<S, R> Service<R> for Counting<S>
+    where
+        S: Service<R>,
+    {
+        type Response = S::Response;
+        type Error = S::Error;
+        type Future = S::Future;
+
+        fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+            self.inner.poll_ready(cx)
+        }
+
+        fn call(&mut self, request: R) -> S::Future {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            self.inner.call(request)
+        }
+    }
+
+    #[tokio::test]
+    async fn connection_refused_is_retried_transparently_then_returned() {
+        // A port that was just free: nothing listens on it.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind 127.0.0.1:0");
+        let addr = listener.local_addr().expect("listener address");
+        drop(listener);
+
+        let policy = RetryPolicy::builder()
+            .max_attempts(2)
+            .backoff(backoff())
+            .retryable(HttpStatuses::default())
+            .max_transparent_retries(3)
+            .build()
+            .expect("valid policy");
+        let policies = Policies::builder()
+            .route(Route::prefix("/"), policy)
+            .build();
+        let calls = Arc::new(AtomicUsize::new(0));
+        let counting = Counting {
+            inner: http_client::<Body>(),
+            calls: Arc::clone(&calls),
+        };
+        let svc = ServiceBuilder::new()
+            .layer(RetryLayer::new(policies.clone()))
+            .service(counting);
+
+        // POST: a request that never left the client is safe to retry whatever its method.
+        let request = Request::post(format!("http://{addr}/items"))
+            .body(channel_body(vec![Bytes::from_static(b"never sent")], None))
+            .expect("valid request");
+        let error = guard(svc.oneshot(request))
+            .await
+            .expect_err("nothing listens");
+        let connect = error
+            .downcast_ref::<hyper_util::client::legacy::Error>()
+            .expect("the client's own error, unchanged");
+        assert!(connect.is_connect(), "{connect:?}");
+        assert_eq!(transport_outcome(&*error), Some(Outcome::NotSent));
+        // The first attempt and three transparent retries; maxAttempts (2) does not bound them.
+        assert_eq!(calls.load(Ordering::SeqCst), 4);
+        assert_buffers_free(&policies);
+    }
 }
