@@ -285,7 +285,7 @@ async fn run_client(
                         format!(
                             "{:?} (answered by server attempt {})",
                             reply.message,
-                            reply.attempt + 1
+                            reply.attempt.saturating_add(1)
                         ),
                         attempts,
                     ))
@@ -300,7 +300,7 @@ async fn run_client(
                     while let Some(reply) = stream.message().await? {
                         replies.push(reply);
                     }
-                    let winner = replies.first().map_or(0, |r| r.attempt + 1);
+                    let winner = replies.first().map_or(0, |r| r.attempt.saturating_add(1));
                     Ok((
                         format!(
                             "{} replies (streamed by server attempt {winner})",
@@ -526,12 +526,12 @@ impl FlakyEcho {
     fn next_reply(&self, call: u32) -> (u32, Reply) {
         let mut attempts = self.attempts.lock().unwrap_or_else(PoisonError::into_inner);
         let n = attempts.entry(call).or_insert(0);
-        *n += 1;
+        *n = n.saturating_add(1);
         let reply = usize::try_from(call)
             .ok()
             .and_then(|call| SCENARIOS.get(call))
             .map_or(Reply::Ok, |s| {
-                usize::try_from(*n - 1)
+                usize::try_from(n.saturating_sub(1))
                     .ok()
                     .and_then(|i| s.replies.get(i))
                     .copied()
@@ -540,7 +540,8 @@ impl FlakyEcho {
         (*n, reply)
     }
 
-    /// Plays the scripted reply; `Ok(())` means answer normally.
+    /// Plays the scripted reply to the next attempt of `call`: `Ok` with the attempt number
+    /// (1-based) to answer normally, or the scripted failure.
     async fn play(&self, call: u32) -> Result<u32, Status> {
         let (attempt, reply) = self.next_reply(call);
         let guard = CancelNotice::new(call, attempt, Arc::clone(&self.in_flight));
@@ -577,11 +578,10 @@ struct CancelNotice {
 
 impl CancelNotice {
     fn new(call: u32, attempt: u32, in_flight: Arc<Mutex<HashMap<u32, u32>>>) -> Self {
-        *in_flight
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .entry(call)
-            .or_insert(0) += 1;
+        let mut counts = in_flight.lock().unwrap_or_else(PoisonError::into_inner);
+        let n = counts.entry(call).or_insert(0);
+        *n = n.saturating_add(1);
+        drop(counts);
         CancelNotice {
             call,
             attempt,
@@ -627,7 +627,7 @@ impl Echo for FlakyEcho {
         Ok(tonic::Response::new(EchoReply {
             message: request.message,
             payload: request.payload,
-            attempt: attempt - 1,
+            attempt: attempt.saturating_sub(1),
         }))
     }
 
@@ -649,7 +649,7 @@ impl Echo for FlakyEcho {
         let reply = EchoReply {
             message: request.message,
             payload: request.payload,
-            attempt: attempt - 1,
+            attempt: attempt.saturating_sub(1),
         };
         let replies = vec![Ok(reply); 3];
         Ok(tonic::Response::new(Box::pin(tokio_stream::iter(replies))))

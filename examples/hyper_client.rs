@@ -129,7 +129,7 @@ async fn serve(listener: TcpListener) {
                 let attempt = {
                     let mut seen = seen.lock().unwrap_or_else(PoisonError::into_inner);
                     let n = seen.entry(path.clone()).or_insert(0);
-                    *n += 1;
+                    *n = n.saturating_add(1);
                     *n
                 };
                 println!(

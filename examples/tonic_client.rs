@@ -122,7 +122,7 @@ impl Echo for FailsTwice {
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             let n = attempts.entry(request.call).or_insert(0);
-            *n += 1;
+            *n = n.saturating_add(1);
             *n
         };
         if attempt <= 2 {
@@ -131,7 +131,7 @@ impl Echo for FailsTwice {
         Ok(Response::new(EchoReply {
             message: request.message,
             payload: request.payload,
-            attempt: attempt - 1,
+            attempt: attempt.saturating_sub(1),
         }))
     }
 
