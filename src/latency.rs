@@ -44,6 +44,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::window::Slots;
+
 const SLOTS: usize = 10;
 const SUB_BUCKETS: u32 = 8;
 /// Microsecond values up to 2^28 µs (about 268 s); longer samples land in the last bucket.
@@ -87,31 +89,27 @@ fn bucket_upper(bucket: usize) -> u64 {
     base + (base * (sub + 1)) / u64::from(SUB_BUCKETS)
 }
 
-struct Window {
-    slots: [[u32; BUCKETS]; SLOTS],
-    totals: [u32; SLOTS],
-    // Which slot is current, and when it started.
-    current: usize,
-    slot_started: Instant,
-    cached: Option<Duration>,
-    cache_valid_until: Instant,
+/// One slot of the window: a histogram and its total.
+#[derive(Debug, Clone)]
+struct Histogram {
+    counts: [u32; BUCKETS],
+    total: u32,
 }
 
-impl Window {
-    fn rotate(&mut self, now: Instant, slot_len: Duration) {
-        let mut steps = 0;
-        while now.saturating_duration_since(self.slot_started) >= slot_len && steps <= SLOTS {
-            self.current = (self.current + 1) % SLOTS;
-            self.slots[self.current] = [0; BUCKETS];
-            self.totals[self.current] = 0;
-            self.slot_started += slot_len;
-            steps += 1;
-        }
-        if steps > SLOTS {
-            // Idle for longer than the window: every slot is already clear.
-            self.slot_started = now;
+impl Default for Histogram {
+    fn default() -> Histogram {
+        Histogram {
+            counts: [0; BUCKETS],
+            total: 0,
         }
     }
+}
+
+#[derive(Debug)]
+struct Window {
+    slots: Slots<Histogram, SLOTS>,
+    cached: Option<Duration>,
+    cache_valid_until: Instant,
 }
 
 /// A hedging delay that follows a latency percentile: see [the module docs](self).
@@ -164,11 +162,10 @@ impl AdaptiveDelay {
     pub fn record(&self, latency: Duration) {
         let now = Instant::now();
         let mut window = self.lock();
-        window.rotate(now, self.slot_len);
-        let current = window.current;
+        let slot = window.slots.current(now);
         let bucket = bucket_of(latency);
-        window.slots[current][bucket] = window.slots[current][bucket].saturating_add(1);
-        window.totals[current] = window.totals[current].saturating_add(1);
+        slot.counts[bucket] = slot.counts[bucket].saturating_add(1);
+        slot.total = slot.total.saturating_add(1);
     }
 
     /// The delay to use now.
@@ -180,8 +177,8 @@ impl AdaptiveDelay {
         {
             return cached;
         }
-        window.rotate(now, self.slot_len);
-        let total: u64 = window.totals.iter().map(|&t| u64::from(t)).sum();
+        window.slots.current(now);
+        let total: u64 = window.slots.iter().map(|s| u64::from(s.total)).sum();
         let value = if total < u64::from(self.min_samples) {
             self.fallback
         } else {
@@ -193,7 +190,7 @@ impl AdaptiveDelay {
                 seen += window
                     .slots
                     .iter()
-                    .map(|s| u64::from(s[bucket]))
+                    .map(|s| u64::from(s.counts[bucket]))
                     .sum::<u64>();
                 if seen >= rank {
                     found = bucket;
@@ -265,10 +262,7 @@ impl AdaptiveDelayBuilder {
         let now = Instant::now();
         Ok(AdaptiveDelay {
             window: Arc::new(Mutex::new(Window {
-                slots: [[0; BUCKETS]; SLOTS],
-                totals: [0; SLOTS],
-                current: 0,
-                slot_started: now,
+                slots: Slots::new(self.window, now),
                 cached: None,
                 cache_valid_until: now,
             })),

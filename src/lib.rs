@@ -125,6 +125,7 @@ pub mod pushback;
 pub mod retry;
 pub mod stats;
 pub mod throttle;
+mod window;
 
 pub use body::BufferLimits;
 pub use config::ServiceConfig;

@@ -7,6 +7,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::RetryThrottle;
+use crate::window::Slots;
 
 const SLOTS: usize = 10;
 
@@ -22,29 +23,11 @@ impl fmt::Display for BudgetError {
 
 impl std::error::Error for BudgetError {}
 
-#[derive(Debug)]
-struct Window {
-    calls: [u64; SLOTS],
-    retries: [u64; SLOTS],
-    current: usize,
-    slot_started: Instant,
-}
-
-impl Window {
-    fn rotate(&mut self, now: Instant, slot: Duration) {
-        let mut steps = 0;
-        while now.saturating_duration_since(self.slot_started) >= slot && steps <= SLOTS {
-            self.current = (self.current + 1) % SLOTS;
-            self.calls[self.current] = 0;
-            self.retries[self.current] = 0;
-            self.slot_started += slot;
-            steps += 1;
-        }
-        if steps > SLOTS {
-            // Idle for longer than the window: every slot is clear; restart the clock.
-            self.slot_started = now;
-        }
-    }
+/// Calls and retries in one slot of the window.
+#[derive(Debug, Default, Clone, Copy)]
+struct Counts {
+    calls: u64,
+    retries: u64,
 }
 
 /// A retry budget (Finagle, Linkerd, tower's `TpsBudget`): over a sliding window, retries may
@@ -82,8 +65,7 @@ impl Window {
 /// ```
 #[derive(Clone)]
 pub struct RetryBudget {
-    window: Arc<Mutex<Window>>,
-    slot: Duration,
+    window: Arc<Mutex<Slots<Counts, SLOTS>>>,
     ttl: Duration,
     min_per_second: u32,
     ratio: f64,
@@ -110,20 +92,14 @@ impl RetryBudget {
             return Err(BudgetError("ratio: must be a finite number in [0, 1000]"));
         }
         Ok(RetryBudget {
-            window: Arc::new(Mutex::new(Window {
-                calls: [0; SLOTS],
-                retries: [0; SLOTS],
-                current: 0,
-                slot_started: Instant::now(),
-            })),
-            slot: ttl / SLOTS as u32,
+            window: Arc::new(Mutex::new(Slots::new(ttl, Instant::now()))),
             ttl,
             min_per_second,
             ratio,
         })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Window> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Slots<Counts, SLOTS>> {
         // Plain counters: a panic elsewhere cannot leave them inconsistent.
         self.window.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -131,13 +107,13 @@ impl RetryBudget {
     /// Retries still allowed now (rounded down).
     pub fn remaining(&self) -> u64 {
         let mut window = self.lock();
-        window.rotate(Instant::now(), self.slot);
+        window.current(Instant::now());
         self.available(&window)
     }
 
-    fn available(&self, window: &Window) -> u64 {
-        let calls: u64 = window.calls.iter().sum();
-        let retries: u64 = window.retries.iter().sum();
+    fn available(&self, window: &Slots<Counts, SLOTS>) -> u64 {
+        let calls: u64 = window.iter().map(|c| c.calls).sum();
+        let retries: u64 = window.iter().map(|c| c.retries).sum();
         let floor = u64::from(self.min_per_second).saturating_mul(self.ttl.as_secs());
         let allowed = (calls as f64 * self.ratio) as u64 + floor;
         allowed.saturating_sub(retries)
@@ -147,9 +123,8 @@ impl RetryBudget {
 impl RetryThrottle for RetryBudget {
     fn on_call(&self) {
         let mut window = self.lock();
-        window.rotate(Instant::now(), self.slot);
-        let current = window.current;
-        window.calls[current] = window.calls[current].saturating_add(1);
+        let current = window.current(Instant::now());
+        current.calls = current.calls.saturating_add(1);
     }
 
     fn on_success(&self) {}
@@ -158,12 +133,12 @@ impl RetryThrottle for RetryBudget {
 
     fn allows_retry(&self) -> bool {
         let mut window = self.lock();
-        window.rotate(Instant::now(), self.slot);
+        window.current(Instant::now());
         if self.available(&window) == 0 {
             return false;
         }
-        let current = window.current;
-        window.retries[current] += 1;
+        let current = window.current(Instant::now());
+        current.retries = current.retries.saturating_add(1);
         true
     }
 }
