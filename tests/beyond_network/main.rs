@@ -22,7 +22,8 @@ use common::pb::EchoRequest;
 use common::pb::echo_client::EchoClient;
 use common::{
     Action, CALL_HEADER, GrpcPeer, HttpAction, HttpAttemptRecord, HttpOutcome, HttpPeer,
-    HttpScript, Outcome, PEER_ATTEMPT_HEADER, Script, http_client, spawn_grpc, spawn_http,
+    HttpScript, Outcome, PEER_ATTEMPT_HEADER, Script, http_client, http2_client, spawn_grpc,
+    spawn_http,
 };
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::combinators::BoxBody;
@@ -30,6 +31,7 @@ use http_body_util::{BodyExt as _, Empty, Full};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
+use tonic::Code;
 use tonic::transport::Channel;
 use tower::{ServiceBuilder, ServiceExt as _};
 use tower_retry_hedge::backoff::{Exponential, Jitter};
@@ -459,6 +461,50 @@ async fn grpc_hedge_on_per_attempt_timeout_keeps_the_slow_first_attempt() {
     guard(peer.shutdown()).await;
 }
 
+#[tokio::test]
+async fn grpc_hedge_on_per_attempt_timeout_returns_a_fatal_answer_of_the_slow_attempt() {
+    // Attempt 0 fails with a fatal code after 200 ms; the one hedge allowed hangs. The fatal
+    // answer ends the call (as a fatal status ends a hedged call in A6), rather than being
+    // dropped while the call waits on the hedge.
+    let peer = spawn_grpc(
+        Script::new()
+            .call(
+                0,
+                [Action::delay(ms(200), Action::fail(Code::InvalidArgument))],
+            )
+            .otherwise(Action::Hang),
+    )
+    .await;
+    let policy = grpc_policy()
+        .max_attempts(2)
+        .per_attempt_timeout(ms(50))
+        .hedge_on_per_attempt_timeout(true)
+        .build()
+        .expect("valid policy");
+    let policies = grpc_policies(policy);
+    let mut client = grpc_client(&peer, &policies).await;
+
+    let status = guard(client.unary(echo(0, "bad request")))
+        .await
+        .expect_err("the first attempt's answer is fatal");
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+
+    let recorder = peer.recorder();
+    guard(recorder.wait_for_cancelled(0, 1)).await;
+    let records = recorder.attempts(0);
+    assert_eq!(records.len(), 2, "{records:#?}");
+    assert_eq!(
+        records[0].outcome,
+        Some(Outcome::Status {
+            code: Code::InvalidArgument,
+            pushback: None
+        })
+    );
+    assert!(records[1].cancelled, "the hedge was left running");
+    assert_buffers_free(&policies);
+    guard(peer.shutdown()).await;
+}
+
 // ---------------------------------------------------------------------------------------------
 // 5. Idempotency-Key and 425 Too Early
 // ---------------------------------------------------------------------------------------------
@@ -581,6 +627,73 @@ async fn too_early_retry_does_not_open_post_to_status_retries() {
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(attempts(&response), Attempts::new(2, 1));
     assert_eq!(peer.recorder().attempt_count("early"), 2);
+    assert_buffers_free(&policies);
+    guard(peer.shutdown()).await;
+}
+
+#[tokio::test]
+async fn post_is_not_hedged_on_per_attempt_timeout_without_opt_in() {
+    // A slow POST must not be sent twice: without an opt-in the per-attempt timeout only
+    // stops waiting for nothing; the first attempt goes on and answers.
+    let peer =
+        spawn_http(HttpScript::new().call("slow", [HttpAction::delay(ms(300), HttpAction::Ok)]))
+            .await;
+    let policy = http_policy(HttpStatuses::default())
+        .per_attempt_timeout(ms(50))
+        .hedge_on_per_attempt_timeout(true)
+        .build()
+        .expect("valid policy");
+    let policies = http_policies(policy);
+
+    let response = guard(retrying(&policies).oneshot(post_with_key(&peer, "slow", None)))
+        .await
+        .expect("a response");
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(attempts(&response), Attempts::new(1, 0));
+    assert_eq!(body_bytes(response).await, "order #7");
+    assert_eq!(peer.recorder().attempt_count("slow"), 1);
+    assert_buffers_free(&policies);
+    guard(peer.shutdown()).await;
+}
+
+#[tokio::test]
+async fn post_with_idempotency_key_is_hedged_on_per_attempt_timeout() {
+    // With the key and the opt-in, the POST is hedged after 50 ms; the hedge answers at once
+    // and wins, and the slow first attempt is cancelled (HTTP/2: its stream is reset).
+    let peer = spawn_http(HttpScript::new().call(
+        "keyed",
+        [HttpAction::delay(Duration::from_secs(5), HttpAction::Ok)],
+    ))
+    .await;
+    let policy = http_policy(HttpStatuses::default())
+        .per_attempt_timeout(ms(50))
+        .hedge_on_per_attempt_timeout(true)
+        .retry_with_idempotency_key(true)
+        .build()
+        .expect("valid policy");
+    let policies = http_policies(policy);
+    let svc = ServiceBuilder::new()
+        .layer(RetryLayer::new(policies.clone()))
+        .service(http2_client::<Body>());
+
+    let response = guard(svc.oneshot(post_with_key(&peer, "keyed", Some(KEY))))
+        .await
+        .expect("a response");
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(attempts(&response), Attempts::new(2, 0));
+    assert_eq!(peer_attempt(&response), Some("1"), "the hedge won");
+    assert_eq!(body_bytes(response).await, "order #7");
+
+    let recorder = peer.recorder();
+    guard(recorder.wait_for_cancelled("keyed", 1)).await;
+    let records = recorder.attempts("keyed");
+    assert_eq!(records.len(), 2);
+    assert!(records[0].cancelled);
+    assert!(
+        records
+            .iter()
+            .all(|r| r.body == "order #7" && r.header("idempotency-key") == Some(KEY))
+    );
     assert_buffers_free(&policies);
     guard(peer.shutdown()).await;
 }
