@@ -297,11 +297,15 @@ where
                                 return Poll::Pending;
                             }
                             // Hedge on per-attempt timeout: the slow attempt goes on, and
-                            // the next one starts now if the policy allows one.
-                            if let Some(throttle) = this.throttle {
+                            // the next one starts now if the policy allows one. A request
+                            // that may not be repeated just waits, and (as when it is not
+                            // retried) its timeout does not count against the throttle.
+                            let repeatable = may_repeat(this.policy, this.call);
+                            if repeatable && let Some(throttle) = this.throttle {
                                 throttle.on_failure();
                             }
                             let may_hedge = *this.counted < *this.max_attempts
+                                && repeatable
                                 && this.call.can_replay()
                                 && this.throttle.as_ref().is_none_or(|t| t.allows_retry());
                             if !may_hedge {
@@ -653,12 +657,17 @@ fn decide<B: Replay>(outcome: Outcome, ctx: Ctx<'_, B>) -> Decision {
 /// Non-idempotent HTTP requests are not retried unless the policy opts in: their retryable
 /// failures become fatal. Never-sent and refused attempts stay safe to retry.
 fn gate_idempotency<B: Replay>(outcome: Outcome, policy: &RetryPolicy, call: &Call<B>) -> Outcome {
-    let safe = call.grpc
-        || policy.retry_non_idempotent
-        || call.method().is_idempotent()
-        || (policy.retry_with_idempotency_key && call.has_idempotency_key());
     match outcome {
-        Outcome::Retryable(pushback) if !safe => Outcome::Fatal(pushback),
+        Outcome::Retryable(pushback) if !may_repeat(policy, call) => Outcome::Fatal(pushback),
         other => other,
     }
+}
+
+/// Whether the request may reach the server's application more than once: gRPC, an
+/// idempotent method, or a policy that opts in.
+fn may_repeat<B: Replay>(policy: &RetryPolicy, call: &Call<B>) -> bool {
+    call.grpc
+        || policy.retry_non_idempotent
+        || call.method().is_idempotent()
+        || (policy.retry_with_idempotency_key && call.has_idempotency_key())
 }
