@@ -505,6 +505,43 @@ async fn grpc_hedge_on_per_attempt_timeout_returns_a_fatal_answer_of_the_slow_at
     guard(peer.shutdown()).await;
 }
 
+#[tokio::test]
+async fn grpc_hedge_on_per_attempt_timeout_returns_a_fatal_answer_of_the_hedge() {
+    // Attempt 0 would answer OK after 300 ms; the hedge sent at 50 ms fails at once with a
+    // fatal code. The first non-retryable answer ends the call, whichever attempt gave it,
+    // and the slow attempt is cancelled.
+    let peer = spawn_grpc(Script::new().call(
+        0,
+        [
+            Action::delay(ms(300), Action::Ok),
+            Action::fail(Code::InvalidArgument),
+        ],
+    ))
+    .await;
+    let policy = grpc_policy()
+        .max_attempts(2)
+        .per_attempt_timeout(ms(50))
+        .hedge_on_per_attempt_timeout(true)
+        .build()
+        .expect("valid policy");
+    let policies = grpc_policies(policy);
+    let mut client = grpc_client(&peer, &policies).await;
+
+    let status = guard(client.unary(echo(0, "bad request")))
+        .await
+        .expect_err("the hedge's answer is fatal");
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+
+    let recorder = peer.recorder();
+    guard(recorder.wait_for_cancelled(0, 1)).await;
+    let records = recorder.attempts(0);
+    assert_eq!(records.len(), 2, "{records:#?}");
+    assert!(records[0].cancelled, "the slow attempt was left running");
+    assert_eq!(records[0].outcome, None);
+    assert_buffers_free(&policies);
+    guard(peer.shutdown()).await;
+}
+
 // ---------------------------------------------------------------------------------------------
 // 5. Idempotency-Key and 425 Too Early
 // ---------------------------------------------------------------------------------------------
