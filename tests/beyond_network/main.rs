@@ -670,8 +670,8 @@ async fn too_early_retry_does_not_open_post_to_status_retries() {
 
 #[tokio::test]
 async fn post_is_not_hedged_on_per_attempt_timeout_without_opt_in() {
-    // A slow POST must not be sent twice: without an opt-in the per-attempt timeout only
-    // stops waiting for nothing; the first attempt goes on and answers.
+    // A slow POST must not be sent twice: without an opt-in its per-attempt timeout sends no
+    // hedge, and the first attempt goes on and answers.
     let peer =
         spawn_http(HttpScript::new().call("slow", [HttpAction::delay(ms(300), HttpAction::Ok)]))
             .await;
