@@ -283,8 +283,10 @@ impl RetryPolicyBuilder {
     }
 
     /// With a per-attempt timeout: when it fires, start the next attempt at once *without*
-    /// cancelling the slow one; the first good answer wins (Envoy's
-    /// `hedge_on_per_try_timeout`). Off by default.
+    /// cancelling the slow one; the first answer that is not retryable (a success or a fatal
+    /// failure) wins and the others are cancelled (Envoy's `hedge_on_per_try_timeout`). A
+    /// request that may not be retried (a non-idempotent method without an opt-in) is never
+    /// sent twice: its slow attempt is left to answer. Off by default.
     pub fn hedge_on_per_attempt_timeout(mut self, enabled: bool) -> Self {
         self.hedge_on_per_attempt_timeout = enabled;
         self

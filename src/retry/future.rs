@@ -264,14 +264,16 @@ where
                 this.lingering.clear();
                 return Poll::Ready(Err(deadline_exceeded(this.call.grpc)));
             }
-            if let Some(response) = poll_lingering(this.lingering, this.policy, cx) {
-                if let Some(throttle) = this.throttle {
+            if let Some((result, outcome)) = poll_lingering(this.lingering, this.policy, cx) {
+                if outcome == Outcome::Success
+                    && let Some(throttle) = this.throttle
+                {
                     throttle.on_success();
                 }
                 this.lingering.clear();
                 this.state.set(State::Ready);
                 let (sent, transparent) = (this.call.sent, *this.transparent);
-                return Poll::Ready(Ok(annotate(response, sent, transparent, this.call.grpc)));
+                return Poll::Ready(result.map(|r| annotate(r, sent, transparent, this.call.grpc)));
             }
             let (result, timed_out) = match this.state.as_mut().project() {
                 StateProj::Called { future } => match future.poll(cx) {
@@ -297,11 +299,15 @@ where
                                 return Poll::Pending;
                             }
                             // Hedge on per-attempt timeout: the slow attempt goes on, and
-                            // the next one starts now if the policy allows one.
-                            if let Some(throttle) = this.throttle {
+                            // the next one starts now if the policy allows one. A request
+                            // that may not be repeated just waits, and (as when it is not
+                            // retried) its timeout does not count against the throttle.
+                            let repeatable = may_repeat(this.policy, this.call);
+                            if repeatable && let Some(throttle) = this.throttle {
                                 throttle.on_failure();
                             }
                             let may_hedge = *this.counted < *this.max_attempts
+                                && repeatable
                                 && this.call.can_replay()
                                 && this.throttle.as_ref().is_none_or(|t| t.allows_retry());
                             if !may_hedge {
@@ -393,8 +399,12 @@ where
                 },
             );
             match decision {
-                Decision::Return if outcome != Outcome::Success && !this.lingering.is_empty() => {
-                    // An earlier attempt may still answer well: wait for it.
+                Decision::Return
+                    if !matches!(outcome, Outcome::Success | Outcome::Fatal(_))
+                        && !this.lingering.is_empty() =>
+                {
+                    // Out of retries, but an earlier attempt may still answer well: wait for
+                    // it. A non-retryable answer ends the call whichever attempt gave it.
                     *this.last = Some(result);
                     this.state.set(State::Draining);
                 }
@@ -434,13 +444,14 @@ fn timer_fired(mut timer: Pin<&mut Option<Sleep>>, cx: &mut Context<'_>) -> bool
     fired
 }
 
-/// Polls the attempts left running after their per-attempt timeout; returns the first
-/// response that classifies as a success. Their failures were counted when they timed out.
+/// Polls the attempts left running after their per-attempt timeout; returns the first result
+/// that is not retryable (a success or a fatal failure), with its outcome. Their retryable
+/// failures were counted when they timed out, and are dropped.
 fn poll_lingering<F, RB, E>(
     lingering: &mut Vec<Pin<Box<F>>>,
     policy: &RetryPolicy,
     cx: &mut Context<'_>,
-) -> Option<Response<RB>>
+) -> Option<(Result<Response<RB>, BoxError>, Outcome)>
 where
     F: Future<Output = Result<Response<RB>, E>>,
     E: Into<BoxError>,
@@ -453,8 +464,9 @@ where
         };
         drop(lingering.swap_remove(i));
         let result = result.map_err(Into::into);
-        if classify(&policy.classifier, &result) == Outcome::Success {
-            return result.ok();
+        let outcome = classify(&policy.classifier, &result);
+        if matches!(outcome, Outcome::Success | Outcome::Fatal(_)) {
+            return Some((result, outcome));
         }
     }
     None
@@ -653,12 +665,17 @@ fn decide<B: Replay>(outcome: Outcome, ctx: Ctx<'_, B>) -> Decision {
 /// Non-idempotent HTTP requests are not retried unless the policy opts in: their retryable
 /// failures become fatal. Never-sent and refused attempts stay safe to retry.
 fn gate_idempotency<B: Replay>(outcome: Outcome, policy: &RetryPolicy, call: &Call<B>) -> Outcome {
-    let safe = call.grpc
-        || policy.retry_non_idempotent
-        || call.method().is_idempotent()
-        || (policy.retry_with_idempotency_key && call.has_idempotency_key());
     match outcome {
-        Outcome::Retryable(pushback) if !safe => Outcome::Fatal(pushback),
+        Outcome::Retryable(pushback) if !may_repeat(policy, call) => Outcome::Fatal(pushback),
         other => other,
     }
+}
+
+/// Whether the request may reach the server's application more than once: gRPC, an
+/// idempotent method, or a policy that opts in.
+fn may_repeat<B: Replay>(policy: &RetryPolicy, call: &Call<B>) -> bool {
+    call.grpc
+        || policy.retry_non_idempotent
+        || call.method().is_idempotent()
+        || (policy.retry_with_idempotency_key && call.has_idempotency_key())
 }
