@@ -26,6 +26,9 @@ impl std::error::Error for DeadlineExceeded {}
 
 /// An attempt outlived the policy's per-attempt timeout and was cancelled. Retryable; it is
 /// returned only when no attempt is left.
+///
+/// For gRPC requests with the `tonic` feature, the layers return a
+/// `tonic::Status::deadline_exceeded` whose source is this error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct AttemptTimedOut(());
 
@@ -54,4 +57,18 @@ pub(crate) fn deadline_exceeded(grpc: bool) -> crate::BoxError {
     }
     let _ = grpc;
     Box::new(DeadlineExceeded::new())
+}
+
+/// The error for a call whose last attempt hit the per-attempt timeout: a gRPC
+/// `DEADLINE_EXCEEDED` status (with [`AttemptTimedOut`] as its source) for gRPC requests when
+/// tonic is available, else [`AttemptTimedOut`].
+pub(crate) fn attempt_timed_out(grpc: bool) -> crate::BoxError {
+    #[cfg(feature = "tonic")]
+    if grpc {
+        let mut status = tonic::Status::deadline_exceeded("attempt timed out");
+        status.set_source(std::sync::Arc::new(AttemptTimedOut::new()));
+        return Box::new(status);
+    }
+    let _ = grpc;
+    Box::new(AttemptTimedOut::new())
 }

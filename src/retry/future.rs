@@ -16,7 +16,7 @@ use crate::backoff::Step;
 use crate::body::Replay;
 use crate::call::{Call, annotate, no_result};
 use crate::classify::{AttemptResult, Classify, Outcome, grpc_status};
-use crate::error::{AttemptTimedOut, deadline_exceeded};
+use crate::error::{attempt_timed_out, deadline_exceeded};
 use crate::policy::{RetryContext, RetryDecision, RetryPolicy};
 use crate::pushback::Pushback;
 use crate::stats::{MethodStats, Stats};
@@ -284,7 +284,7 @@ where
                         }
                         // Dropping the attempt cancels it.
                         this.state.set(State::Ready);
-                        (Err(Box::new(AttemptTimedOut::new()) as BoxError), true)
+                        (Err(attempt_timed_out(this.call.grpc)), true)
                     }
                 },
                 StateProj::CalledBoxed { future } => {

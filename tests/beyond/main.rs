@@ -407,3 +407,53 @@ async fn grpc_per_attempt_timeout_respects_the_call_deadline() {
     assert_eq!(svc.started(), 3);
     assert_eq!(svc.cancelled(), 3);
 }
+
+#[tokio::test(start_paused = true)]
+async fn post_is_not_hedged_on_per_attempt_timeout_without_opt_in() {
+    let svc = Scripted::new(|_| (ms(300), 201, vec![]));
+    let policy = http_policy()
+        .per_attempt_timeout(ms(100))
+        .hedge_on_per_attempt_timeout(true)
+        .build()
+        .unwrap();
+    let response = layer(policy)
+        .layer(svc.clone())
+        .oneshot(post())
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::CREATED);
+    assert_eq!(
+        svc.started(),
+        1,
+        "a POST is never sent twice without opt-in"
+    );
+    assert_eq!(svc.cancelled(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fatal_answer_of_the_slow_attempt_ends_a_hedge_on_timeout_call() {
+    // Attempt 0 answers 404 (final for HTTP) at 150 ms; the hedge sent at 100 ms hangs.
+    let svc = Scripted::new(|n| {
+        if n == 0 {
+            (ms(150), 404, vec![])
+        } else {
+            (ms(10_000), 200, vec![])
+        }
+    });
+    let policy = http_policy()
+        .max_attempts(2)
+        .per_attempt_timeout(ms(100))
+        .hedge_on_per_attempt_timeout(true)
+        .build()
+        .unwrap();
+    let started = Instant::now();
+    let response = layer(policy)
+        .layer(svc.clone())
+        .oneshot(get())
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::NOT_FOUND);
+    assert_eq!(started.elapsed(), ms(150));
+    assert_eq!(svc.started(), 2);
+    assert_eq!(svc.cancelled(), 1, "the hanging hedge is cancelled");
+}

@@ -389,7 +389,8 @@ async fn grpc_per_attempt_timeouts_on_every_attempt_end_the_call() {
     let status = guard(client.unary(echo(0, "never")))
         .await
         .expect_err("every attempt hangs");
-    // No server status came back: the layer's own error, kept as the status's source.
+    // No server status came back: DEADLINE_EXCEEDED from the layer, its own error as source.
+    assert_eq!(status.code(), tonic::Code::DeadlineExceeded, "{status:?}");
     assert!(
         std::error::Error::source(&status)
             .and_then(|source| source.downcast_ref::<AttemptTimedOut>())
