@@ -80,7 +80,7 @@
 //!
 //! | feature | default | what it adds |
 //! |---|---|---|
-//! | `tonic` | no | `tonic::body::Body` can be replayed; a gRPC call past its deadline fails with `tonic::Status::deadline_exceeded` |
+//! | `tonic` | yes | `tonic::body::Body` can be replayed; a gRPC call past its deadline (or whose last attempt hit its per-attempt timeout) fails with `tonic::Status::deadline_exceeded` |
 //! | `h2` | no | HTTP/2 `REFUSED_STREAM` and `GOAWAY` errors are recognised for transparent retries |
 //! | `hyper-util` | no | hyper-util's client "connect" errors are recognised as never sent |
 //!
