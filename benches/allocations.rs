@@ -1,0 +1,343 @@
+//! Heap allocations (and bytes) per successful call, for every variant of the overhead
+//! benchmark, counted by a global allocator that wraps the system one.
+//!
+//! Allocations do not depend on machine load, so this table is exact where the timing tables
+//! are noisy. Each figure is the average over 10 000 calls after 1 000 warm-up calls (the
+//! warm-up fills lazily built tables: tower's hedge histogram, the statistics map), and
+//! covers the whole call: building the request, `ready`, `call`, polling to completion, and
+//! dropping the response. `Δ bare` subtracts the bare echo's figure (the request itself).
+//!
+//! ```text
+//! cargo bench --bench allocations
+//! # where each allocation of one call comes from (symbol names; more with line tables):
+//! ALLOC_TRACE=ours_retry_policy/grpc_4_headers cargo bench --bench allocations
+//! ALLOC_TRACE=ours_retry_policy/streaming cargo bench --bench allocations
+//! ```
+
+mod support;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::{Cell, RefCell};
+use std::hint::black_box;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+
+use std::convert::Infallible;
+use std::future::{Ready, ready};
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body::Body;
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full};
+use support::{Req, Res, Shape, Visit};
+use tower::{Layer, Service};
+use tower_retry_hedge::{BoxError, Policies, RetryLayer};
+
+/// Counts every allocation and reallocation, and can record where each one comes from.
+struct Counting;
+
+static ALLOCS: AtomicU64 = AtomicU64::new(0);
+static BYTES: AtomicU64 = AtomicU64::new(0);
+static TRACING: AtomicBool = AtomicBool::new(false);
+
+thread_local! {
+    // Set while recording a backtrace, whose own allocations must not be traced.
+    static IN_TRACE: Cell<bool> = const { Cell::new(false) };
+    static TRACES: RefCell<Vec<(usize, String)>> = const { RefCell::new(Vec::new()) };
+}
+
+fn record(size: usize) {
+    ALLOCS.fetch_add(1, Relaxed);
+    BYTES.fetch_add(size as u64, Relaxed);
+    if TRACING.load(Relaxed) && !IN_TRACE.with(|t| t.replace(true)) {
+        let trace = std::backtrace::Backtrace::force_capture().to_string();
+        TRACES.with(|traces| traces.borrow_mut().push((size, trace)));
+        IN_TRACE.with(|t| t.set(false));
+    }
+}
+
+// SAFETY: every method forwards to `System` with the caller's arguments unchanged.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        record(layout.size());
+        // SAFETY: forwarded as given.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        record(layout.size());
+        // SAFETY: forwarded as given.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        record(new_size);
+        // SAFETY: forwarded as given.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: forwarded as given.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+const WARM_UP: u64 = 1_000;
+const CALLS: u64 = 10_000;
+
+/// One row of the table.
+struct Row {
+    variant: &'static str,
+    shape: Shape,
+    allocs: f64,
+    bytes: f64,
+    /// The size of the response future, which each move of it copies.
+    future_size: usize,
+}
+
+struct Count<'a> {
+    shape: Shape,
+    rows: &'a mut Vec<Row>,
+    trace: Option<&'a str>,
+}
+
+/// Allocations and bytes per call over `CALLS` calls of `service` after `WARM_UP` calls, each
+/// on a request from `make`; then, if `trace` is set, one more call with every allocation's
+/// backtrace printed under `title`.
+fn count<Rq, S>(make: impl Fn() -> Rq, service: &mut S, trace: Option<&str>) -> (f64, f64)
+where
+    S: Service<Rq, Response = Res>,
+    S::Error: std::fmt::Debug,
+{
+    let runtime = support::runtime();
+    let one = |service: &mut S| {
+        let response = runtime.block_on(call(service, make()));
+        drop(black_box(response));
+    };
+    for _ in 0..WARM_UP {
+        one(service);
+    }
+    let (allocs, bytes) = (ALLOCS.load(Relaxed), BYTES.load(Relaxed));
+    for _ in 0..CALLS {
+        one(service);
+    }
+    let allocs = ALLOCS.load(Relaxed) - allocs;
+    let bytes = BYTES.load(Relaxed) - bytes;
+
+    if let Some(title) = trace {
+        TRACING.store(true, Relaxed);
+        one(service);
+        TRACING.store(false, Relaxed);
+        let traces = TRACES.with(|traces| std::mem::take(&mut *traces.borrow_mut()));
+        println!("\n## {} allocations of one call: {title}\n", traces.len());
+        for (i, (size, trace)) in traces.iter().enumerate() {
+            println!(
+                "### allocation {} ({size} bytes)\n{}",
+                i + 1,
+                interesting(trace)
+            );
+        }
+    }
+    (allocs as f64 / CALLS as f64, bytes as f64 / CALLS as f64)
+}
+
+/// One call of any request type: `ready`, then `call`.
+async fn call<Rq, S>(service: &mut S, request: Rq) -> Res
+where
+    S: Service<Rq, Response = Res>,
+    S::Error: std::fmt::Debug,
+{
+    let ready = match tower::ServiceExt::<Rq>::ready(service).await {
+        Ok(ready) => ready,
+        Err(error) => panic!("the echo is always ready: {error:?}"),
+    };
+    match ready.call(request).await {
+        Ok(response) => response,
+        Err(error) => panic!("the echo never fails: {error:?}"),
+    }
+}
+
+impl Visit for Count<'_> {
+    fn visit<S>(&mut self, name: &'static str, mut service: S)
+    where
+        S: Service<Req, Response = Res>,
+        S::Error: std::fmt::Debug,
+    {
+        let shape = self.shape;
+        let title = format!("{name}/{}", shape.name());
+        let trace = (self.trace == Some(title.as_str())).then_some(title.as_str());
+        let (allocs, bytes) = count(|| support::request(shape), &mut service, trace);
+        self.rows.push(Row {
+            variant: name,
+            shape,
+            allocs,
+            bytes,
+            future_size: std::mem::size_of::<S::Future>(),
+        });
+    }
+}
+
+/// A request with a streaming body, as tonic and hyper servers give: the layers make it
+/// replayable with a `ReplayBody`, not by cloning.
+type StreamRequest = Request<UnsyncBoxBody<Bytes, BoxError>>;
+
+fn stream_request() -> StreamRequest {
+    let (parts, body) = support::request(Shape::Grpc4).into_parts();
+    let body = body
+        .map_err(|never: Infallible| match never {})
+        .boxed_unsync();
+    Request::from_parts(parts, body)
+}
+
+/// Reads the request body to its end, as a transport would send it, and answers with an
+/// empty body.
+#[derive(Debug, Clone, Copy)]
+struct DrainEcho;
+
+impl Service<StreamRequest> for DrainEcho {
+    type Response = Res;
+    type Error = Infallible;
+    type Future = Ready<Result<Res, Infallible>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: StreamRequest) -> Self::Future {
+        let mut body = request.into_body();
+        let mut cx = Context::from_waker(Waker::noop());
+        let mut sent = 0;
+        while let Poll::Ready(Some(Ok(frame))) = Pin::new(&mut body).poll_frame(&mut cx) {
+            sent += frame.data_ref().map_or(0, |data| data.len());
+        }
+        black_box(sent);
+        ready(Ok(Response::new(Full::new(Bytes::new()))))
+    }
+}
+
+/// The streaming-body rows: bare and the retry layer with a policy, `grpc_4_headers`.
+fn streaming(trace: Option<&str>) {
+    println!(
+        "\nstreaming request body (`UnsyncBoxBody`, made replayable by `ReplayBody`), grpc_4_headers\n"
+    );
+    println!("| variant | allocs per call (Δ bare) | bytes per call |");
+    println!("|---|---:|---:|");
+    let policies = Policies::builder()
+        .method(support::METHOD, support::our_retry_policy())
+        .build();
+    let mut bare = DrainEcho;
+    let mut ours = RetryLayer::new(policies).layer(DrainEcho);
+    let title = |name: &str| format!("{name}/streaming");
+    let wants = |name: &str| trace == Some(title(name).as_str());
+    let bare_title = title("bare");
+    let ours_title = title("ours_retry_policy");
+    let (bare_allocs, bare_bytes) = count(
+        stream_request,
+        &mut bare,
+        wants("bare").then_some(bare_title.as_str()),
+    );
+    let (ours_allocs, ours_bytes) = count(
+        stream_request,
+        &mut ours,
+        wants("ours_retry_policy").then_some(ours_title.as_str()),
+    );
+    println!("| bare | {} (+0) | {} |", fmt(bare_allocs), fmt(bare_bytes));
+    println!(
+        "| ours_retry_policy | {} ({:+}) | {} |",
+        fmt(ours_allocs),
+        fmt(ours_allocs - bare_allocs).parse::<f64>().unwrap_or(0.0),
+        fmt(ours_bytes)
+    );
+}
+
+/// The frames of a backtrace worth reading: drops the allocator's own and the runtime's.
+fn interesting(trace: &str) -> String {
+    let mut out = String::new();
+    for line in trace.lines() {
+        let line = line.trim();
+        let Some((_, symbol)) = line.split_once(": ") else {
+            // "at file:line" lines follow the symbol they belong to.
+            if line.starts_with("at ") && !out.is_empty() {
+                out.push_str("      ");
+                out.push_str(line);
+                out.push('\n');
+            }
+            continue;
+        };
+        let skip = [
+            "std::backtrace",
+            "allocations::record",
+            "<allocations::Counting",
+            "__rust",
+            "alloc::alloc::",
+        ];
+        if skip.iter().any(|s| symbol.starts_with(s)) {
+            continue;
+        }
+        if symbol.starts_with("tokio::runtime::") || symbol.starts_with("allocations::main") {
+            break;
+        }
+        out.push_str("  ");
+        out.push_str(symbol);
+        out.push('\n');
+    }
+    out
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; there is nothing to filter.
+    let trace = std::env::var("ALLOC_TRACE").ok();
+    let mut rows = Vec::new();
+    for shape in Shape::ALL {
+        support::each_variant(&mut Count {
+            shape,
+            rows: &mut rows,
+            trace: trace.as_deref(),
+        });
+    }
+
+    println!("\nallocations per successful call ({CALLS} calls after {WARM_UP} warm-up calls)\n");
+    print!("| variant | future size (bytes) |");
+    for shape in Shape::ALL {
+        print!(" {} allocs (Δ bare) | bytes |", shape.name());
+    }
+    println!();
+    print!("|---|---:|");
+    for _ in Shape::ALL {
+        print!("---:|---:|");
+    }
+    println!();
+    for variant in support::VARIANTS {
+        let future_size = rows
+            .iter()
+            .find(|r| r.variant == variant)
+            .map_or(0, |r| r.future_size);
+        print!("| {variant} | {future_size} |");
+        for shape in Shape::ALL {
+            let find = |v: &str| rows.iter().find(|r| r.variant == v && r.shape == shape);
+            match (find(variant), find("bare")) {
+                (Some(row), Some(bare)) => print!(
+                    " {} ({:+}) | {} |",
+                    fmt(row.allocs),
+                    fmt(row.allocs - bare.allocs).parse::<f64>().unwrap_or(0.0),
+                    fmt(row.bytes)
+                ),
+                _ => print!(" – | – |"),
+            }
+        }
+        println!();
+    }
+
+    streaming(trace.as_deref());
+}
+
+/// A count with at most two decimals, without trailing zeros.
+fn fmt(value: f64) -> String {
+    let s = format!("{value:.2}");
+    s.trim_end_matches('0').trim_end_matches('.').to_string()
+}
