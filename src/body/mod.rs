@@ -169,7 +169,8 @@ struct Shared<B> {
     /// One lock for the source and the record. The source is polled while it is held: only
     /// one reader may poll the source at a time in any case (`poll_frame` takes `&mut`), a
     /// poll does not block, and the reader that polls records what it gets before anyone can
-    /// look, so no reader ever sees the source ahead of the record.
+    /// look, so no reader ever sees the source ahead of the record. Wakers are called after
+    /// it is released, except when a source wakes its waker from inside its own poll.
     state: Mutex<State<B>>,
     /// The readers waiting for the source.
     waiters: Arc<Waiters>,
@@ -495,10 +496,15 @@ where
             if source.is_end_stream() {
                 return self.finish(End::Eos, cursor, Step::ready(None));
             }
-            shared.waiters.register(cursor.id, cx.waker());
+            let wakes = shared.waiters.wakes();
             let mut source_cx = Context::from_waker(&shared.source_waker);
             let frame = match source.as_mut().poll_frame(&mut source_cx) {
                 Poll::Pending => {
+                    if !shared.waiters.register(cursor.id, cx.waker(), wakes) {
+                        // The source woke while it was being polled (or just after): poll
+                        // again rather than wait for a wake that has come and gone.
+                        cx.waker().wake_by_ref();
+                    }
                     return Step {
                         poll: Poll::Pending,
                         wake_others: false,
@@ -527,10 +533,9 @@ where
                     // Zero-copy when `data` is `Bytes`: a reference-count bump.
                     let chunk = data.copy_to_bytes(len);
                     cursor.sent(&chunk);
-                    let step = Step::ready(Some(Ok(Frame::data(chunk.clone()))));
                     if chunk.is_empty() || self.commit.is_some() {
                         // Nothing to record: an empty chunk, or a committed call.
-                        return step;
+                        return Step::ready(Some(Ok(Frame::data(chunk))));
                     }
                     match self.record.try_push(&chunk) {
                         Ok(()) => cursor.next_chunk = self.record.end(),
@@ -548,7 +553,7 @@ where
                             self.record.free_all();
                         }
                     }
-                    return step.waking();
+                    return Step::ready(Some(Ok(Frame::data(chunk)))).waking();
                 }
                 Err(frame) => frame.into_trailers(),
             };

@@ -6,6 +6,7 @@ use http::HeaderMap;
 use http_body::{Body, SizeHint};
 use http_body_util::Full;
 use proptest::prelude::*;
+use proptest::test_runner::FileFailurePersistence;
 use std::sync::Arc;
 use std::task::{Poll, Waker};
 use tower_retry_hedge::body::{BufferLimits, NotReplayable, ReplayBody};
@@ -370,7 +371,14 @@ fn poll_script(
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(1024))]
+    #![proptest_config(ProptestConfig {
+        cases: 1024,
+        // Beside this file, not in a `proptest-regressions/` shared with other test targets.
+        failure_persistence: Some(Box::new(FileFailurePersistence::Direct(
+            "tests/body/proptest-regressions.txt",
+        ))),
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn every_reader_sends_the_body_or_fails_for_a_reason(case in case(false)) {
