@@ -64,7 +64,7 @@ const CLIENT_STREAM: &str = "test.echo.Echo/ClientStream";
 const UNARY: &str = "test.echo.Echo/Unary";
 
 fn method(call: u32) -> Method {
-    if call % 2 == 0 {
+    if call.is_multiple_of(2) {
         Method::ClientStream
     } else {
         Method::Unary

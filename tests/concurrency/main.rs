@@ -52,7 +52,11 @@ type Failures = fn(u32) -> u32;
 
 /// Even calls are retried, odd calls hedged.
 fn path(call: u32) -> &'static str {
-    if call % 2 == 0 { RETRIED } else { HEDGED }
+    if call.is_multiple_of(2) {
+        RETRIED
+    } else {
+        HEDGED
+    }
 }
 
 /// The request body of a call: one to four chunks of different lengths, all derived from
@@ -307,7 +311,11 @@ fn model(failures: Failures, throttle: Option<(u32, u32)>) -> Figures {
 
 /// The throttle workload: one call in 32 of each method fails 0 to 4 times.
 fn sparse_failures(n: u32) -> u32 {
-    if (n / 2) % 32 == 0 { (n / 64) % 5 } else { 0 }
+    if (n / 2).is_multiple_of(32) {
+        (n / 64) % 5
+    } else {
+        0
+    }
 }
 
 /// The statistics workload: every call fails `n % 5` times (4 and over: every attempt).
