@@ -384,7 +384,9 @@ impl<B> ReplayBody<B> {
             true
         };
         // Readers waiting at the front must learn that they will never be sent anything.
-        self.shared.waiters.wake_all_except(Some(self.cursor.id));
+        // This reader is woken too: waking takes every registration, and if it is itself
+        // waiting for the source, a registration lost here would never be renewed.
+        self.shared.waiters.wake_all_except(None);
         committed
     }
 }
@@ -803,6 +805,64 @@ mod tests {
 
         let short: BoxError = "boom".into();
         assert_eq!(&*bounded_message(&short), "boom");
+    }
+
+    /// A source that is pending until `open`, then sends one chunk.
+    struct Gated(Arc<Mutex<(bool, Option<Waker>)>>);
+
+    impl Body for Gated {
+        type Data = Bytes;
+        type Error = std::convert::Infallible;
+
+        fn poll_frame(
+            self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+            let mut gate = self.0.lock().unwrap();
+            match gate.0 {
+                true => Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(b"x"))))),
+                false => {
+                    gate.1 = Some(cx.waker().clone());
+                    Poll::Pending
+                }
+            }
+        }
+    }
+
+    struct Woken(std::sync::atomic::AtomicBool);
+
+    impl std::task::Wake for Woken {
+        fn wake(self: Arc<Self>) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn a_reader_committed_while_it_waits_is_woken_by_the_source() {
+        let gate = Arc::new(Mutex::new((false, None::<Waker>)));
+        let limits = BufferLimits::default();
+        let Ok(mut body) = ReplayBody::try_new(Gated(Arc::clone(&gate)), &limits) else {
+            panic!("a source with no size hint is accepted");
+        };
+        let woken = Arc::new(Woken(std::sync::atomic::AtomicBool::new(false)));
+        let waker = Waker::from(Arc::clone(&woken));
+        let mut cx = Context::from_waker(&waker);
+        assert!(Pin::new(&mut body).poll_frame(&mut cx).is_pending());
+
+        // The layers commit to the attempt whose body is waiting for the source.
+        assert!(body.commit());
+
+        let source_waker = {
+            let mut gate = gate.lock().unwrap();
+            gate.0 = true;
+            gate.1.take()
+        };
+        source_waker.expect("the source kept a waker").wake();
+        assert!(
+            woken.0.load(Ordering::SeqCst),
+            "the committed reader must be woken when the source is ready"
+        );
+        assert!(Pin::new(&mut body).poll_frame(&mut cx).is_ready());
     }
 
     #[test]
