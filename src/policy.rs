@@ -570,9 +570,10 @@ pub(crate) enum ThrottleChoice {
     PerAuthority(ThrottleRegistry),
 }
 
+/// `None` entries turn a less specific policy off for that method or service.
 struct Table {
-    methods: HashMap<Box<str>, MethodPolicy>,
-    services: HashMap<Box<str>, MethodPolicy>,
+    methods: HashMap<Box<str>, Option<MethodPolicy>>,
+    services: HashMap<Box<str>, Option<MethodPolicy>>,
     routes: Vec<(Route, MethodPolicy)>,
     default: Option<MethodPolicy>,
     throttle: ThrottleChoice,
@@ -626,12 +627,12 @@ impl Policies {
             // A gRPC path is `/service/method`.
             let name = path.strip_prefix('/').unwrap_or(path);
             if let Some(found) = table.methods.get(name) {
-                return Some(found);
+                return found.as_ref();
             }
             if let Some((service, _)) = name.rsplit_once('/')
                 && let Some(found) = table.services.get(service)
             {
-                return Some(found);
+                return found.as_ref();
             }
         }
         table
@@ -692,8 +693,8 @@ impl Policies {
 
 /// Builds [`Policies`].
 pub struct PoliciesBuilder {
-    methods: HashMap<Box<str>, MethodPolicy>,
-    services: HashMap<Box<str>, MethodPolicy>,
+    methods: HashMap<Box<str>, Option<MethodPolicy>>,
+    services: HashMap<Box<str>, Option<MethodPolicy>>,
     routes: Vec<(Route, MethodPolicy)>,
     default: Option<MethodPolicy>,
     throttle: ThrottleChoice,
@@ -715,13 +716,27 @@ impl PoliciesBuilder {
     /// The policy of one gRPC method, named `package.Service/Method` (a leading `/` is
     /// accepted). Replaces an earlier policy for the same method.
     pub fn method(mut self, name: &str, policy: impl Into<MethodPolicy>) -> Self {
-        self.methods.insert(grpc_name(name), policy.into());
+        self.methods.insert(grpc_name(name), Some(policy.into()));
         self
     }
 
     /// The policy of every method of a gRPC service, named `package.Service`.
     pub fn service(mut self, name: &str, policy: impl Into<MethodPolicy>) -> Self {
-        self.services.insert(grpc_name(name), policy.into());
+        self.services.insert(grpc_name(name), Some(policy.into()));
+        self
+    }
+
+    /// No policy for this gRPC method, even if its service or the default has one: what a
+    /// service config's method entry without a retry or hedging policy means.
+    pub fn method_without_policy(mut self, name: &str) -> Self {
+        self.methods.insert(grpc_name(name), None);
+        self
+    }
+
+    /// No policy for the methods of this gRPC service (but those given one by
+    /// [`method`](PoliciesBuilder::method)), even if the default has one.
+    pub fn service_without_policy(mut self, name: &str) -> Self {
+        self.services.insert(grpc_name(name), None);
         self
     }
 
@@ -805,6 +820,26 @@ mod tests {
         assert!(matches!(get("/pkg.Svc/B"), Some(MethodPolicy::Hedge(_))));
         assert!(matches!(get("/pkg.Other/B"), Some(MethodPolicy::Retry(_))));
         assert!(matches!(get("/"), Some(MethodPolicy::Retry(_))));
+    }
+
+    #[test]
+    fn entries_without_policy_turn_broader_ones_off() {
+        let policies = Policies::builder()
+            .service("pkg.Svc", retry())
+            .method_without_policy("pkg.Svc/Off")
+            .service_without_policy("pkg.Quiet")
+            .method("pkg.Quiet/Loud", hedge())
+            .default_policy(retry())
+            .build();
+        let get = |p: &str| policies.lookup(&Method::POST, p).cloned();
+        assert!(matches!(get("/pkg.Svc/On"), Some(MethodPolicy::Retry(_))));
+        assert!(get("/pkg.Svc/Off").is_none());
+        assert!(get("/pkg.Quiet/X").is_none());
+        assert!(matches!(
+            get("/pkg.Quiet/Loud"),
+            Some(MethodPolicy::Hedge(_))
+        ));
+        assert!(matches!(get("/other.Svc/X"), Some(MethodPolicy::Retry(_))));
     }
 
     #[test]

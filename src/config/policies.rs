@@ -59,16 +59,23 @@ impl ServiceConfig {
     pub fn policies_builder_with(&self, jitter: Jitter) -> PoliciesBuilder {
         let mut builder = Policies::builder();
         for method_config in self.method_configs() {
-            let Some(policy) = method_policy(method_config, jitter) else {
-                continue;
-            };
+            // A config without a retry or hedging policy still matches its names, and so
+            // turns off what a broader name would have given them, as gRPC's lookup does.
+            let policy = method_policy(method_config, jitter);
             for name in method_config.names() {
-                builder = match name.method() {
-                    Some(method) => {
+                builder = match (name.method(), &policy) {
+                    (Some(method), Some(policy)) => {
                         builder.method(&format!("{}/{method}", name.service()), policy.clone())
                     }
-                    None if name.service().is_empty() => builder.default_policy(policy.clone()),
-                    None => builder.service(name.service(), policy.clone()),
+                    (Some(method), None) => {
+                        builder.method_without_policy(&format!("{}/{method}", name.service()))
+                    }
+                    (None, Some(policy)) if name.service().is_empty() => {
+                        builder.default_policy(policy.clone())
+                    }
+                    (None, None) if name.service().is_empty() => builder,
+                    (None, Some(policy)) => builder.service(name.service(), policy.clone()),
+                    (None, None) => builder.service_without_policy(name.service()),
                 };
             }
         }
@@ -172,9 +179,10 @@ mod tests {
         };
         assert_eq!(hedge.max_attempts(), 4);
         assert_eq!(hedge.delay().current(), Duration::from_millis(500));
-        // The default takes what matches nothing else, including pkg.Other's other methods
-        // and a service whose config has only a timeout.
-        for path in ["/pkg.Other/Put", "/pkg.TimeoutOnly/X", "/x.Y/Z"] {
+        // A service whose config has only a timeout matches it, and so gets no policy.
+        assert!(lookup(&policies, "/pkg.TimeoutOnly/X").is_none());
+        // The default takes what matches nothing else, including pkg.Other's other methods.
+        for path in ["/pkg.Other/Put", "/x.Y/Z"] {
             let Some(MethodPolicy::Retry(default)) = lookup(&policies, path) else {
                 panic!("default policy expected for {path}");
             };
