@@ -134,7 +134,7 @@ fn previous_attempts<B>(request: &Request<B>) -> Option<&str> {
 }
 
 fn attempts(response: &Res) -> Attempts {
-    Attempts::of(&response)
+    Attempts::of(response)
 }
 
 fn grpc_status(response: &Res) -> Option<&str> {

@@ -95,7 +95,7 @@ fn previous_attempts(request: &Req) -> Option<&str> {
 }
 
 fn attempts(response: &Res) -> Attempts {
-    Attempts::of(&response)
+    Attempts::of(response)
 }
 
 /// Asserts that no further attempt reaches the mock, even after a long wait.
