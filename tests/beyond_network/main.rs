@@ -111,7 +111,7 @@ fn request(peer: &HttpPeer, method: Method, call: &str, body: Body) -> Request<B
 }
 
 fn attempts(response: &Response<Incoming>) -> Attempts {
-    Attempts::of(&response)
+    Attempts::of(response)
 }
 
 fn peer_attempt(response: &Response<Incoming>) -> Option<&str> {
