@@ -374,10 +374,9 @@ fn reported_attempts(
     metadata: &tonic::metadata::MetadataMap,
     extensions: &tonic::Extensions,
 ) -> String {
-    let mut text = match extensions.get::<Attempts>() {
-        Some(attempts) => format!("{} attempt(s) sent", attempts.sent()),
-        None => "no Attempts extension".to_owned(),
-    };
+    // The extension is there only after more than one attempt.
+    let attempts = extensions.get::<Attempts>().copied().unwrap_or_default();
+    let mut text = format!("{} attempt(s) sent", attempts.sent());
     if let Some(previous) = metadata
         .get("grpc-previous-rpc-attempts")
         .and_then(|v| v.to_str().ok())

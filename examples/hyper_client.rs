@@ -98,10 +98,7 @@ async fn main() -> Result<(), Box<dyn Error + Send + Sync>> {
 
 async fn report(what: &str, response: Response<Incoming>) -> Result<(), BoxError> {
     let status = response.status();
-    let sent = response
-        .extensions()
-        .get::<Attempts>()
-        .map_or(0, Attempts::sent);
+    let sent = Attempts::of(&response).sent();
     let body = response.into_body().collect().await?.to_bytes();
     println!("{what}: {status} after {sent} attempt(s); body {body:?}");
     Ok(())

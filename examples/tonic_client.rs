@@ -79,7 +79,9 @@ async fn main() -> Result<(), Box<dyn Error + Send + Sync>> {
         let sent = response
             .extensions()
             .get::<Attempts>()
-            .map_or(0, Attempts::sent);
+            .copied()
+            .unwrap_or_default()
+            .sent();
         let previous = response
             .metadata()
             .get("grpc-previous-rpc-attempts")

@@ -35,7 +35,9 @@ pub(crate) struct Call<B: Replay> {
     pub(crate) grpc: bool,
     /// Attempts sent so far, of every kind.
     pub(crate) sent: u32,
-    /// Hedged calls share the list of backends used with every attempt.
+    /// Whether the deadline came from the request's own `grpc-timeout`.
+    header_timeout: bool,
+    /// With backend tracking, the attempts share the list of backends used.
     tried: Option<TriedBackends>,
 }
 
@@ -46,14 +48,14 @@ impl<B: Replay> Call<B> {
         request: Request<B>,
         limits: &BufferLimits,
         timeout: Option<Duration>,
-        hedge: bool,
+        track_backends: bool,
     ) -> (Self, Request<B>, u64) {
         let grpc = is_grpc(&request);
         let (parts, body) = request.into_parts();
-        let timeout = grpc
+        let header_timeout = grpc
             .then(|| grpc_timeout::from_headers(&parts.headers))
-            .flatten()
-            .or(timeout);
+            .flatten();
+        let timeout = header_timeout.or(timeout);
         // A timeout too large to add to now is no deadline at all.
         let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
         let (body, first, reader) = match body.prepare(limits) {
@@ -68,10 +70,11 @@ impl<B: Replay> Call<B> {
             body,
             deadline,
             grpc,
+            header_timeout: header_timeout.is_some(),
             sent: 0,
-            tried: hedge.then(TriedBackends::default),
+            tried: track_backends.then(TriedBackends::default),
         };
-        let first = call.attempt(first, hedge);
+        let first = call.attempt(first, false);
         (call, first, reader)
     }
 
@@ -129,16 +132,19 @@ impl<B: Replay> Call<B> {
                     .headers
                     .insert(GRPC_PREVIOUS_RPC_ATTEMPTS, HeaderValue::from(self.sent));
             }
-            if let Some(remaining) = self.remaining(Instant::now()) {
+            // The first attempt keeps the caller's own `grpc-timeout`: re-encoding the same
+            // value would only cost an allocation.
+            let keep = self.sent == 0 && self.header_timeout;
+            if !keep && let Some(remaining) = self.remaining(Instant::now()) {
                 parts
                     .headers
                     .insert(grpc_timeout::GRPC_TIMEOUT, grpc_timeout::encode(remaining));
             }
         }
         self.sent += 1;
-        // The first attempt of a retried call carries no extension: inserting one allocates,
-        // and the success path should not pay for what only later attempts need.
-        if hedge || self.sent > 1 {
+        // The first attempt carries no extension: inserting one allocates, and the success
+        // path should not pay for what only later attempts need.
+        if self.sent > 1 {
             parts.extensions.insert(AttemptInfo {
                 number: self.sent,
                 hedge,
@@ -151,22 +157,26 @@ impl<B: Replay> Call<B> {
     }
 }
 
-/// Marks a response with the attempts its call made: an [`Attempts`] extension, and for gRPC
-/// responses after more than one attempt, `grpc-previous-rpc-attempts`.
+/// Marks a response of a call that made more than one attempt: an [`Attempts`] extension,
+/// and for gRPC, `grpc-previous-rpc-attempts`. Like that header (A6: "it will not be present
+/// on the first RPC"), the extension is absent after a single attempt, so that the success
+/// path allocates nothing for it; [`Attempts::of`] reads either case.
 pub(crate) fn annotate<RB>(
     mut response: http::Response<RB>,
     sent: u32,
     transparent: u32,
     grpc: bool,
 ) -> http::Response<RB> {
-    if grpc && sent > 1 {
+    if sent > 1 {
+        if grpc {
+            response
+                .headers_mut()
+                .insert(GRPC_PREVIOUS_RPC_ATTEMPTS, HeaderValue::from(sent - 1));
+        }
         response
-            .headers_mut()
-            .insert(GRPC_PREVIOUS_RPC_ATTEMPTS, HeaderValue::from(sent - 1));
+            .extensions_mut()
+            .insert(Attempts::new(sent, transparent));
     }
-    response
-        .extensions_mut()
-        .insert(Attempts::new(sent, transparent));
     response
 }
 

@@ -2,19 +2,21 @@
 //!
 //! - Requests: every attempt after the first carries `grpc-previous-rpc-attempts: N` (gRPC
 //!   requests), and gRPC attempts carry the call's *remaining* time in `grpc-timeout`.
-//!   Every retry and every hedge carries an [`AttemptInfo`] extension (the first attempt of
-//!   a retried call carries none, so the success path allocates nothing for it), and every
-//!   hedged attempt a shared [`TriedBackends`] list for the load balancer.
-//! - Responses: an [`Attempts`] extension on every response from a call with a policy; gRPC
-//!   responses from a call that took more than one attempt also carry
-//!   `grpc-previous-rpc-attempts` in their headers, which tonic exposes as response metadata.
+//!   Every attempt after the first carries an [`AttemptInfo`] extension (the first carries
+//!   none, so the success path allocates nothing for it). With
+//!   [`track_backends`](crate::policy::HedgePolicyBuilder::track_backends), every attempt of
+//!   a hedged call carries a shared [`TriedBackends`] list for the load balancer.
+//! - Responses: a call that made more than one attempt returns an [`Attempts`] extension
+//!   and, for gRPC, `grpc-previous-rpc-attempts` in the response headers (tonic exposes them
+//!   as response metadata). Like that header, the extension is absent after a single attempt,
+//!   which keeps the success path free of allocations; [`Attempts::of`] reads both cases.
 //!
 //! ```
 //! use tower_retry_hedge::metadata::Attempts;
 //!
 //! let mut response = http::Response::new(());
 //! response.extensions_mut().insert(Attempts::new(3, 1));
-//! let attempts = response.extensions().get::<Attempts>().unwrap();
+//! let attempts = Attempts::of(&response);
 //! assert_eq!(attempts.sent(), 3);
 //! assert_eq!(attempts.transparent(), 1);
 //! assert_eq!(attempts.counted(), 2);
@@ -23,11 +25,20 @@
 /// The header that tells a server how many attempts preceded this one (gRFC A6).
 pub const GRPC_PREVIOUS_RPC_ATTEMPTS: &str = "grpc-previous-rpc-attempts";
 
-/// How many attempts a call made: a response extension.
+/// How many attempts a call made: a response extension, present when more than one attempt
+/// was sent. Its [`Default`] is a single attempt, so with tonic's extensions:
+/// `response.extensions().get::<Attempts>().copied().unwrap_or_default()`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Attempts {
     sent: u32,
     transparent: u32,
+}
+
+impl Default for Attempts {
+    /// A single attempt.
+    fn default() -> Attempts {
+        Attempts::new(1, 0)
+    }
 }
 
 impl Attempts {
@@ -53,9 +64,27 @@ impl Attempts {
     pub fn counted(&self) -> u32 {
         self.sent - self.transparent
     }
+
+    /// The attempts behind a response of the layers: its extension, or a single attempt when
+    /// it has none (the layers add it only after more than one).
+    ///
+    /// ```
+    /// use tower_retry_hedge::metadata::Attempts;
+    ///
+    /// let response = http::Response::new(());
+    /// assert_eq!(Attempts::of(&response), Attempts::new(1, 0));
+    /// ```
+    pub fn of<B>(response: &http::Response<B>) -> Attempts {
+        response
+            .extensions()
+            .get::<Attempts>()
+            .copied()
+            .unwrap_or(Attempts::new(1, 0))
+    }
 }
 
-/// What one attempt is: a request extension on every attempt the layers send.
+/// What one attempt is: a request extension on every attempt after the first (its absence
+/// means the first attempt).
 ///
 /// A load balancer under the layers can read it, for example to send a hedge to a backend
 /// that the call has not tried yet.
@@ -71,7 +100,9 @@ pub struct AttemptInfo {
 /// The maximum number of backends a [`TriedBackends`] list keeps.
 pub const MAX_TRIED_BACKENDS: usize = 16;
 
-/// The backends a hedged call has already used: a request extension on every hedged attempt.
+/// The backends a hedged call has already used: a request extension on every attempt of a
+/// hedged call whose policy asks for it
+/// ([`track_backends`](crate::policy::HedgePolicyBuilder::track_backends)).
 ///
 /// gRFC A6 asks that hedges go to distinct backends where possible. The layer cannot know
 /// which backend an attempt reaches, so the list is shared by all attempts of a call: a load

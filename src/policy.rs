@@ -384,6 +384,7 @@ impl HedgeDelay {
 #[derive(Clone)]
 pub struct HedgePolicy {
     pub(crate) max_attempts: u32,
+    pub(crate) track_backends: bool,
     pub(crate) delay: HedgeDelay,
     pub(crate) classifier: Arc<dyn Classify>,
     pub(crate) timeout: Option<Duration>,
@@ -404,6 +405,7 @@ impl HedgePolicy {
     pub fn builder() -> HedgePolicyBuilder {
         HedgePolicyBuilder {
             max_attempts: 2,
+            track_backends: false,
             delay: HedgeDelay::Fixed(Duration::ZERO),
             classifier: None,
             timeout: None,
@@ -429,6 +431,7 @@ impl HedgePolicy {
 /// Builds a [`HedgePolicy`].
 pub struct HedgePolicyBuilder {
     max_attempts: u32,
+    track_backends: bool,
     delay: HedgeDelay,
     classifier: Option<Arc<dyn Classify>>,
     timeout: Option<Duration>,
@@ -447,6 +450,16 @@ impl HedgePolicyBuilder {
     /// The attempts allowed, counting the first; at least 2; clamped to the client cap.
     pub fn max_attempts(mut self, max_attempts: u32) -> Self {
         self.max_attempts = max_attempts;
+        self
+    }
+
+    /// Gives every attempt of a hedged call a shared
+    /// [`TriedBackends`](crate::metadata::TriedBackends) list, in which a load balancer records
+    /// the backend it picked, so that later hedges can go elsewhere (A6: "hedged requests
+    /// should be sent to distinct backends"). Off by default: it costs a few allocations per
+    /// call, worth it only when a balancer below reads it.
+    pub fn track_backends(mut self, enabled: bool) -> Self {
+        self.track_backends = enabled;
         self
     }
 
@@ -484,6 +497,7 @@ impl HedgePolicyBuilder {
         }
         Ok(HedgePolicy {
             max_attempts: self.max_attempts,
+            track_backends: self.track_backends,
             delay: self.delay,
             classifier: self
                 .classifier

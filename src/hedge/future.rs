@@ -46,9 +46,10 @@ pin_project! {
             future: S::Future,
         },
         // A hedged call.
+        // Boxed: the state of a call with a policy is large, and a passthrough call should
+        // not move it around.
         Hedging {
-            #[pin]
-            hedging: Hedging<S, B>,
+            hedging: Pin<Box<Hedging<S, B>>>,
         },
     }
 }
@@ -66,7 +67,9 @@ where
 
     pub(crate) fn hedging(hedging: Hedging<S, B>) -> Self {
         ResponseFuture {
-            kind: Kind::Hedging { hedging },
+            kind: Kind::Hedging {
+                hedging: Box::pin(hedging),
+            },
         }
     }
 }
@@ -82,7 +85,7 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().kind.project() {
             KindProj::Passthrough { future } => future.poll(cx).map_err(Into::into),
-            KindProj::Hedging { hedging } => hedging.poll(cx),
+            KindProj::Hedging { hedging } => hedging.as_mut().poll(cx),
         }
     }
 }
@@ -114,7 +117,7 @@ pin_project! {
         S: Service<Request<B>>,
         B: Replay,
     {
-        // Fires when the call's deadline passes; `None` without a deadline.
+        // Fires when the call's deadline passes; armed once an attempt is pending.
         #[pin]
         deadline: Option<Sleep>,
         // Fires when the next hedge is due; armed only while one is scheduled.
@@ -186,7 +189,7 @@ where
             sent_at: now,
         });
         Hedging {
-            deadline: parts.call.deadline.map(sleep_until),
+            deadline: None,
             timer: sleep_until(instant_after(now, delay)),
             timer_armed: more && !delay.is_zero(),
             attempts,
@@ -218,7 +221,34 @@ where
     S::Error: Into<BoxError>,
     B: Replay,
 {
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<Response<RB>, BoxError>> {
+    fn poll(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Response<RB>, BoxError>> {
+        let poll = self.as_mut().poll_attempts(cx);
+        if poll.is_ready() {
+            return poll;
+        }
+        let mut this = self.project();
+        // The deadline timer is armed only once the call has to wait.
+        if this.deadline.is_none()
+            && let Some(deadline) = this.call.deadline
+        {
+            this.deadline.set(Some(sleep_until(deadline)));
+            if let Some(timer) = this.deadline.as_mut().as_pin_mut()
+                && timer.poll(cx).is_ready()
+            {
+                this.attempts.clear();
+                return Poll::Ready(Err(deadline_exceeded(this.call.grpc)));
+            }
+        }
+        Poll::Pending
+    }
+
+    fn poll_attempts(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Response<RB>, BoxError>> {
         let mut this = self.project();
         let _enter = this.span.enter();
         if let Some(deadline) = this.deadline.as_mut().as_pin_mut()

@@ -19,8 +19,9 @@
 //!   the others are cancelled, and no new hedge starts.
 //! - When all attempts failed non-fatally, the last failure is returned once all are done.
 //! - The deadline spans all attempts; attempts carry `grpc-previous-rpc-attempts` 1, 2, 3 …
-//!   after the first, an [`AttemptInfo`](crate::metadata::AttemptInfo) extension, and a
-//!   shared [`TriedBackends`](crate::metadata::TriedBackends) list for the load balancer.
+//!   after the first, an [`AttemptInfo`](crate::metadata::AttemptInfo) extension, and (with
+//!   [`track_backends`](crate::policy::HedgePolicyBuilder::track_backends)) a shared
+//!   [`TriedBackends`](crate::metadata::TriedBackends) list for the load balancer.
 //!   Statistics count the first attempt as the original and the others as retries.
 //!
 //! Beyond A6, the delay can follow a latency percentile: see
@@ -71,7 +72,7 @@
 //! let response = svc.oneshot(request).await?;
 //! assert_eq!(*response.body(), 1); // the hedge won
 //! assert_eq!(started.elapsed(), Duration::from_millis(12));
-//! assert_eq!(response.extensions().get::<Attempts>().unwrap().sent(), 2);
+//! assert_eq!(Attempts::of(&response).sent(), 2);
 //! # Ok(())
 //! # }
 //! ```
@@ -151,8 +152,12 @@ where
         if let Some(throttle) = &throttle {
             throttle.on_call();
         }
-        let (call, first, reader) =
-            Call::start(request, self.policies.buffer_limits(), policy.timeout, true);
+        let (call, first, reader) = Call::start(
+            request,
+            self.policies.buffer_limits(),
+            policy.timeout,
+            policy.track_backends,
+        );
         let clone = self.inner.clone();
         let mut service = std::mem::replace(&mut self.inner, clone);
         let future = service.call(first);

@@ -49,9 +49,10 @@ pin_project! {
             credit: Option<Credit>,
         },
         // A call with a retry policy.
+        // Boxed: the state of a call with a policy is large, and a passthrough call should
+        // not move it around.
         Retrying {
-            #[pin]
-            retrying: Retrying<S, B>,
+            retrying: Pin<Box<Retrying<S, B>>>,
         },
     }
 }
@@ -75,7 +76,9 @@ where
 
     pub(crate) fn retrying(retrying: Retrying<S, B>) -> Self {
         ResponseFuture {
-            kind: Kind::Retrying { retrying },
+            kind: Kind::Retrying {
+                retrying: Box::pin(retrying),
+            },
         }
     }
 }
@@ -99,7 +102,7 @@ where
                 }
                 Poll::Ready(result)
             }
-            KindProj::Retrying { retrying } => retrying.poll(cx),
+            KindProj::Retrying { retrying } => retrying.as_mut().poll(cx),
         }
     }
 }
@@ -126,7 +129,7 @@ pin_project! {
     {
         #[pin]
         state: State<S::Future>,
-        // Fires when the call's deadline passes; `None` without a deadline.
+        // Fires when the call's deadline passes; armed once an attempt is pending.
         #[pin]
         deadline: Option<Sleep>,
         // Fires when the attempt in flight outlives the policy's per-attempt timeout.
@@ -223,7 +226,7 @@ where
         };
         Retrying {
             state,
-            deadline: parts.call.deadline.map(sleep_until),
+            deadline: None,
             attempt_timer: parts.policy.per_attempt_timeout.map(sleep),
             lingering: Vec::new(),
             service: parts.service,
@@ -251,7 +254,36 @@ where
     S::Error: Into<BoxError>,
     B: Replay,
 {
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<Response<RB>, BoxError>> {
+    fn poll(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Response<RB>, BoxError>> {
+        let poll = self.as_mut().poll_attempts(cx);
+        if poll.is_ready() {
+            return poll;
+        }
+        let mut this = self.project();
+        // The deadline timer is armed only once the call has to wait: an answer on the first
+        // poll needs none.
+        if this.deadline.is_none()
+            && let Some(deadline) = this.call.deadline
+        {
+            this.deadline.set(Some(sleep_until(deadline)));
+            if let Some(timer) = this.deadline.as_mut().as_pin_mut()
+                && timer.poll(cx).is_ready()
+            {
+                this.state.set(State::Ready);
+                this.lingering.clear();
+                return Poll::Ready(Err(deadline_exceeded(this.call.grpc)));
+            }
+        }
+        Poll::Pending
+    }
+
+    fn poll_attempts(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Response<RB>, BoxError>> {
         let mut this = self.project();
         let _enter = this.span.enter();
         loop {

@@ -21,8 +21,10 @@
 //!    restarts from its first step), else the backoff schedule's next delay. When the wait
 //!    would reach the deadline, the call returns the last failure at once rather than
 //!    sleeping into a certain `DEADLINE_EXCEEDED`.
-//! 7. The last attempt's outcome is returned, with an [`Attempts`](crate::metadata::Attempts)
-//!    extension and, for gRPC responses after a retry, a `grpc-previous-rpc-attempts` header.
+//! 7. The last attempt's outcome is returned. After more than one attempt it carries an
+//!    [`Attempts`](crate::metadata::Attempts) extension and, for gRPC, a
+//!    `grpc-previous-rpc-attempts` header; after one, neither (read it with
+//!    [`Attempts::of`](crate::metadata::Attempts::of)), so the success path allocates nothing.
 //!
 //! Transparent retries: an attempt that never left the client is retried with backoff until
 //! the deadline (or [`max_transparent_retries`](crate::policy::RetryPolicyBuilder::max_transparent_retries)
@@ -112,7 +114,7 @@
 //!     .oneshot(http::Request::get("/items").body(Full::new(Bytes::from("x")))?)
 //!     .await?;
 //! assert_eq!(response.status(), 200);
-//! assert_eq!(response.extensions().get::<Attempts>().unwrap().sent(), 2);
+//! assert_eq!(Attempts::of(&response).sent(), 2);
 //! # Ok(())
 //! # }
 //! ```

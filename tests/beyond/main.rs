@@ -185,7 +185,7 @@ async fn hedge_on_per_attempt_timeout_keeps_the_slow_attempt() {
     // Attempts at 0, 100, 200 ms; the two later ones were cancelled when the first won.
     assert_eq!(svc.started(), 3);
     assert_eq!(svc.cancelled(), 2);
-    assert_eq!(response.extensions().get::<Attempts>().unwrap().sent(), 3);
+    assert_eq!(Attempts::of(&response).sent(), 3);
 }
 
 #[tokio::test(start_paused = true)]
@@ -228,7 +228,7 @@ async fn retry_budget_caps_retries_in_a_failure_burst() {
     let mut attempts = 0;
     for _ in 0..100 {
         let response = svc.clone().oneshot(get()).await.unwrap();
-        attempts += response.extensions().get::<Attempts>().unwrap().sent();
+        attempts += Attempts::of(&response).sent();
     }
     assert_eq!(attempts, 120, "100 calls + 20 retries");
     assert_eq!(budget.remaining(), 0);
@@ -281,10 +281,7 @@ async fn too_early_is_retried_even_for_post() {
         .await
         .unwrap();
     assert_eq!(response.status(), StatusCode::CREATED);
-    assert_eq!(
-        *response.extensions().get::<Attempts>().unwrap(),
-        Attempts::new(2, 1)
-    );
+    assert_eq!(Attempts::of(&response), Attempts::new(2, 1));
 }
 
 #[tokio::test(start_paused = true)]

@@ -343,7 +343,13 @@ async fn one_call(mut client: Client, call: u32, sent: Sent) -> ClientResult {
             request.metadata_mut().insert("x-call", x_call);
             match client.unary(request).await {
                 Ok(response) => {
-                    let attempts = response.extensions().get::<Attempts>().copied();
+                    let attempts = Some(
+                        response
+                            .extensions()
+                            .get::<Attempts>()
+                            .copied()
+                            .unwrap_or_default(),
+                    );
                     let reply = response.into_inner();
                     let reply = Reply::Unary {
                         message: reply.message,
@@ -361,7 +367,13 @@ async fn one_call(mut client: Client, call: u32, sent: Sent) -> ClientResult {
             request.metadata_mut().insert("x-call", x_call);
             match client.client_stream(request).await {
                 Ok(response) => {
-                    let attempts = response.extensions().get::<Attempts>().copied();
+                    let attempts = Some(
+                        response
+                            .extensions()
+                            .get::<Attempts>()
+                            .copied()
+                            .unwrap_or_default(),
+                    );
                     let digest = response.into_inner();
                     let reply = Reply::Stream {
                         bytes: digest.bytes,

@@ -184,11 +184,7 @@ fn call(svc: Stack, failures: Failures, n: u32) -> Pin<Box<dyn Future<Output = (
     Box::pin(async move {
         let response = response.await.expect("the stack never fails a call");
         let f = failures(n);
-        let attempts = response
-            .extensions()
-            .get::<Attempts>()
-            .expect("Attempts")
-            .sent();
+        let attempts = Attempts::of(&response).sent();
         assert_eq!(attempts, (f + 1).min(MAX_ATTEMPTS), "call {n}");
         let failed = response.headers().get("grpc-status").is_some();
         assert_eq!(failed, f >= MAX_ATTEMPTS, "call {n}");

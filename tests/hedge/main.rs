@@ -65,6 +65,17 @@ fn hedge(max_attempts: u32, delay_ms: u64) -> HedgePolicy {
         .unwrap()
 }
 
+/// The attempt's number: from its `AttemptInfo`, which every attempt but the first carries.
+fn attempt_number<B>(request: &http::Request<B>) -> u32 {
+    match request.extensions().get::<AttemptInfo>() {
+        Some(info) => {
+            assert!(info.hedge && info.number > 1, "{info:?}");
+            info.number
+        }
+        None => 1,
+    }
+}
+
 fn policies(policy: HedgePolicy) -> Policies {
     Policies::builder().service(SERVICE, policy).build()
 }
@@ -123,10 +134,7 @@ fn previous_attempts<B>(request: &Request<B>) -> Option<&str> {
 }
 
 fn attempts(response: &Res) -> Attempts {
-    *response
-        .extensions()
-        .get::<Attempts>()
-        .expect("Attempts extension")
+    Attempts::of(response)
 }
 
 fn grpc_status(response: &Res) -> Option<&str> {
@@ -215,11 +223,7 @@ struct Probed {
 
 impl Probed {
     fn number(&self) -> u32 {
-        self.request
-            .extensions()
-            .get::<AttemptInfo>()
-            .expect("AttemptInfo extension")
-            .number
+        attempt_number(&self.request)
     }
 
     /// Whether the layer dropped the attempt before it answered.
@@ -325,7 +329,7 @@ async fn zero_delay_sends_every_attempt_at_once() {
     for n in 1..=3 {
         let (request, reply, at) = next(&mut handle, start).await;
         assert_eq!(at, Duration::ZERO, "attempt {n}");
-        assert_eq!(request.extensions().get::<AttemptInfo>().unwrap().number, n);
+        assert_eq!(attempt_number(&request), n);
         replies.push(reply);
     }
     assert_no_more_attempts(&mut handle).await;
@@ -589,7 +593,7 @@ impl tower::Service<BoxReq> for BodyReader {
     }
 
     fn call(&mut self, request: BoxReq) -> Self::Future {
-        let number = request.extensions().get::<AttemptInfo>().unwrap().number;
+        let number = attempt_number(&request);
         let stall_at = self.stall_at.get(&number).copied().unwrap_or(usize::MAX);
         let received = Arc::new(Mutex::new(Vec::new()));
         let cut_off = Arc::new(AtomicBool::new(false));
@@ -774,7 +778,14 @@ async fn deadline_spans_all_hedges_and_drops_every_attempt() {
 #[tokio::test(start_paused = true)]
 async fn hedges_carry_attempt_metadata_and_share_tried_backends() {
     let start = Instant::now();
-    let (call, mut handle) = call_mock(policies(hedge(4, 100)), grpc_request());
+    let policy = HedgePolicy::builder()
+        .max_attempts(4)
+        .delay(ms(100))
+        .non_fatal(GrpcCodes::from([Code::Unavailable]))
+        .track_backends(true)
+        .build()
+        .unwrap();
+    let (call, mut handle) = call_mock(policies(policy), grpc_request());
     let mut replies = Vec::new();
     let mut backends = Vec::new();
     for n in 1..=4u32 {
@@ -785,13 +796,11 @@ async fn hedges_carry_attempt_metadata_and_share_tried_backends() {
             expected.as_deref(),
             "attempt {n}"
         );
-        assert_eq!(
-            request.extensions().get::<AttemptInfo>(),
-            Some(&AttemptInfo {
-                number: n,
-                hedge: true
-            })
-        );
+        let expected = (n > 1).then_some(AttemptInfo {
+            number: n,
+            hedge: true,
+        });
+        assert_eq!(request.extensions().get::<AttemptInfo>(), expected.as_ref());
         // The balancer's view: every backend earlier attempts recorded, then its own pick.
         let tried = request
             .extensions()
@@ -1052,4 +1061,16 @@ async fn a_delay_too_large_for_the_clock_means_no_hedge_and_no_panic() {
     assert_no_more_attempts(&mut handle).await;
     second.send_response(grpc_ok());
     assert_eq!(attempts(&call.await.unwrap().unwrap()).sent(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn tried_backends_are_off_unless_asked_for() {
+    let start = Instant::now();
+    let (call, mut handle) = call_mock(policies(hedge(2, 0)), grpc_request());
+    for _ in 0..2 {
+        let (request, reply, _) = next(&mut handle, start).await;
+        assert!(request.extensions().get::<TriedBackends>().is_none());
+        reply.send_response(grpc_ok());
+    }
+    call.await.unwrap().unwrap();
 }

@@ -123,10 +123,7 @@ fn upload(count: usize, size: usize) -> (Vec<Bytes>, Bytes) {
 }
 
 fn attempts(response: &Response<Incoming>) -> Attempts {
-    *response
-        .extensions()
-        .get::<Attempts>()
-        .expect("an Attempts extension")
+    Attempts::of(response)
 }
 
 fn peer_attempt(response: &Response<Incoming>) -> Option<&str> {

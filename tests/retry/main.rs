@@ -17,8 +17,6 @@ use tower_retry_hedge::throttle::Throttle;
 use tower_retry_hedge::{BoxError, Policies, RetryLayer, RetryPolicy};
 use tower_test::mock;
 
-mod spans;
-
 type Req = Request<Full<Bytes>>;
 type Res = Response<()>;
 type Handle = mock::Handle<Req, Res>;
@@ -97,10 +95,7 @@ fn previous_attempts(request: &Req) -> Option<&str> {
 }
 
 fn attempts(response: &Res) -> Attempts {
-    *response
-        .extensions()
-        .get::<Attempts>()
-        .expect("Attempts extension")
+    Attempts::of(response)
 }
 
 /// Asserts that no further attempt reaches the mock, even after a long wait.
