@@ -65,6 +65,11 @@ use crate::throttle::{RetryThrottle, ThrottleRegistry};
 /// The client-side cap on `maxAttempts` that gRPC applies by default.
 pub const DEFAULT_MAX_ATTEMPTS_CAP: u32 = 5;
 
+/// The longest server pushback (`grpc-retry-pushback-ms`) the layers wait out by default;
+/// a longer one stops the retries. A6 caps `maxAttempts` on the client because service
+/// config comes from DNS; a pushback comes from any server, and deserves a cap too.
+pub const DEFAULT_MAX_PUSHBACK: Duration = Duration::from_secs(60);
+
 /// Never-sent attempts retried transparently when the call has no deadline. With a deadline
 /// they are retried until it passes, as A6 says; without one, something must end the loop.
 pub const DEFAULT_MAX_TRANSPARENT_RETRIES: u32 = 10;
@@ -593,6 +598,7 @@ struct Table {
     throttle: ThrottleChoice,
     buffer_limits: BufferLimits,
     max_attempts_cap: u32,
+    max_pushback: Duration,
     stats: Stats,
 }
 
@@ -631,6 +637,7 @@ impl Policies {
             throttle: ThrottleChoice::None,
             buffer_limits: BufferLimits::default(),
             max_attempts_cap: DEFAULT_MAX_ATTEMPTS_CAP,
+            max_pushback: DEFAULT_MAX_PUSHBACK,
         }
     }
 
@@ -699,6 +706,11 @@ impl Policies {
         self.0.max_attempts_cap
     }
 
+    /// The longest server pushback waited out.
+    pub fn max_pushback(&self) -> Duration {
+        self.0.max_pushback
+    }
+
     /// The statistics of every method.
     pub fn stats(&self) -> &Stats {
         &self.0.stats
@@ -707,6 +719,7 @@ impl Policies {
 
 /// Builds [`Policies`].
 pub struct PoliciesBuilder {
+    max_pushback: Duration,
     methods: HashMap<Box<str>, Option<MethodPolicy>>,
     services: HashMap<Box<str>, Option<MethodPolicy>>,
     routes: Vec<(Route, MethodPolicy)>,
@@ -795,6 +808,13 @@ impl PoliciesBuilder {
         self
     }
 
+    /// The longest server pushback the layers wait out (default
+    /// [`DEFAULT_MAX_PUSHBACK`]); a longer one is taken as "do not retry".
+    pub fn max_pushback(mut self, max: Duration) -> Self {
+        self.max_pushback = max;
+        self
+    }
+
     /// Builds the table.
     pub fn build(self) -> Policies {
         Policies(Arc::new(Table {
@@ -805,6 +825,7 @@ impl PoliciesBuilder {
             throttle: self.throttle,
             buffer_limits: self.buffer_limits,
             max_attempts_cap: self.max_attempts_cap,
+            max_pushback: self.max_pushback,
             stats: Stats::default(),
         }))
     }

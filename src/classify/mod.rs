@@ -136,6 +136,36 @@ impl Outcome {
         }
     }
 
+    /// The outcome with a pushback delay above `max` turned into "do not retry".
+    ///
+    /// A6 asks for the server's delay exactly, so a delay too long to wait is no reason to
+    /// retry sooner: the layers stop instead (see
+    /// [`PoliciesBuilder::max_pushback`](crate::policy::PoliciesBuilder::max_pushback)).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_retry_hedge::classify::Outcome;
+    /// use tower_retry_hedge::pushback::Pushback;
+    ///
+    /// let long = Outcome::Retryable(Some(Pushback::After(Duration::from_secs(3600))));
+    /// assert_eq!(
+    ///     long.cap_pushback(Duration::from_secs(60)),
+    ///     Outcome::Retryable(Some(Pushback::Stop))
+    /// );
+    /// ```
+    #[must_use]
+    pub fn cap_pushback(self, max: std::time::Duration) -> Outcome {
+        match self {
+            Outcome::Retryable(Some(Pushback::After(delay))) if delay > max => {
+                Outcome::Retryable(Some(Pushback::Stop))
+            }
+            Outcome::Fatal(Some(Pushback::After(delay))) if delay > max => {
+                Outcome::Fatal(Some(Pushback::Stop))
+            }
+            other => other,
+        }
+    }
+
     /// A short lower-case name for logs and tracing fields.
     pub fn as_str(&self) -> &'static str {
         match self {

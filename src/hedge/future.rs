@@ -133,6 +133,7 @@ pin_project! {
         throttle: Option<Arc<dyn RetryThrottle>>,
         delay: Duration,
         max_attempts: u32,
+        max_pushback: Duration,
         // Attempts that count toward `max_attempts`.
         counted: u32,
         // A counted hedge should go as soon as the service is ready.
@@ -161,6 +162,7 @@ pub(crate) struct HedgingParts<S, B: Replay> {
     pub(crate) policy: Arc<HedgePolicy>,
     pub(crate) throttle: Option<Arc<dyn RetryThrottle>>,
     pub(crate) max_attempts_cap: u32,
+    pub(crate) max_pushback: Duration,
     pub(crate) stats: Stats,
 }
 
@@ -199,6 +201,7 @@ where
             throttle: parts.throttle,
             delay,
             max_attempts,
+            max_pushback: parts.max_pushback,
             counted: 1,
             hedge_due: more && delay.is_zero(),
             throttle_granted: false,
@@ -293,7 +296,8 @@ where
                         .policy
                         .classifier
                         .classify(AttemptResult::Error(&**error)),
-                };
+                }
+                .cap_pushback(*this.max_pushback);
                 let now = Instant::now();
                 if attempt.number > 1
                     && !matches!(

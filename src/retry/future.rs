@@ -144,6 +144,7 @@ pin_project! {
         policy: Arc<RetryPolicy>,
         throttle: Option<Arc<dyn RetryThrottle>>,
         max_attempts: u32,
+        max_pushback: Duration,
         // Attempts that count toward `max_attempts`.
         counted: u32,
         // Transparent retries made.
@@ -200,6 +201,7 @@ pub(crate) struct RetryingParts<S, B: Replay> {
     pub(crate) policy: Arc<RetryPolicy>,
     pub(crate) throttle: Option<Arc<dyn RetryThrottle>>,
     pub(crate) max_attempts_cap: u32,
+    pub(crate) max_pushback: Duration,
     pub(crate) stats: Stats,
 }
 
@@ -234,6 +236,7 @@ where
             policy: parts.policy,
             throttle: parts.throttle,
             max_attempts,
+            max_pushback: parts.max_pushback,
             counted: 1,
             transparent: 0,
             not_sent_in_a_row: 0,
@@ -410,7 +413,7 @@ where
             let outcome = if timed_out {
                 Outcome::Retryable(None)
             } else {
-                classify(&this.policy.classifier, &result)
+                classify(&this.policy.classifier, &result).cap_pushback(*this.max_pushback)
             };
             let decision = decide(
                 outcome,

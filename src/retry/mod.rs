@@ -226,6 +226,7 @@ where
                 policy,
                 throttle,
                 max_attempts_cap: self.policies.max_attempts_cap(),
+                max_pushback: self.policies.max_pushback(),
                 stats: self.policies.stats().clone(),
             },
             future,

@@ -725,3 +725,33 @@ async fn later_attempts_wait_for_the_service_to_be_ready() {
     answer(&mut handle, grpc_ok()).await;
     assert_eq!(attempts(&call.await.unwrap().unwrap()).sent(), 2);
 }
+
+#[tokio::test(start_paused = true)]
+async fn pushback_above_the_client_cap_stops_instead_of_parking_the_call() {
+    let throttle = Throttle::new(10, 0.1).unwrap();
+    let policies = Policies::builder()
+        .method(METHOD, policy(5))
+        .throttle(throttle.clone())
+        .max_pushback(Duration::from_secs(1))
+        .build();
+    // 2147483647 ms is 24.8 days: a server must not be able to park a call that long.
+    let (call, mut handle) = start(policies.clone(), grpc_request("x"));
+    let started = Instant::now();
+    answer(
+        &mut handle,
+        trailers_only(Code::Unavailable, Some("2147483647")),
+    )
+    .await;
+    let response = call.await.unwrap().unwrap();
+    assert_eq!(attempts(&response).sent(), 1);
+    assert_eq!(Instant::now(), started);
+    assert_eq!(throttle.tokens(), 9.0, "counted as a do-not-retry pushback");
+    assert_no_more_attempts(&mut handle).await;
+
+    // At the cap, the delay is honoured exactly.
+    let (call, mut handle) = start(policies, grpc_request("x"));
+    let (_, first) = answer(&mut handle, trailers_only(Code::Unavailable, Some("1000"))).await;
+    let (_, second) = answer(&mut handle, grpc_ok()).await;
+    assert_eq!(second - first, Duration::from_secs(1));
+    call.await.unwrap().unwrap();
+}
