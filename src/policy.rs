@@ -647,10 +647,15 @@ impl Policies {
         if !table.methods.is_empty() || !table.services.is_empty() {
             // A gRPC path is `/service/method`.
             let name = path.strip_prefix('/').unwrap_or(path);
-            if let Some(found) = table.methods.get(name) {
+            // Each map is hashed into only when it has entries: most tables name methods or
+            // services, rarely both.
+            if !table.methods.is_empty()
+                && let Some(found) = table.methods.get(name)
+            {
                 return found.as_ref();
             }
-            if let Some((service, _)) = name.rsplit_once('/')
+            if !table.services.is_empty()
+                && let Some((service, _)) = name.rsplit_once('/')
                 && let Some(found) = table.services.get(service)
             {
                 return found.as_ref();

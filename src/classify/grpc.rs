@@ -22,7 +22,9 @@ use crate::pushback::grpc_pushback;
 /// assert_eq!(grpc_status(StatusCode::OK, &headers), Some(Code::ResourceExhausted));
 /// ```
 pub fn grpc_status(status: StatusCode, headers: &HeaderMap) -> Option<Code> {
-    if let Some(value) = headers.get("grpc-status") {
+    // A constant name: a `&str` key would be parsed and checked on every lookup.
+    const GRPC_STATUS: http::HeaderName = http::HeaderName::from_static("grpc-status");
+    if let Some(value) = headers.get(&GRPC_STATUS) {
         // An unparseable status is UNKNOWN, as the gRPC HTTP/2 protocol says.
         return Some(Code::from_header_bytes(value.as_bytes()).unwrap_or(Code::Unknown));
     }

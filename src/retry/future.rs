@@ -554,8 +554,8 @@ fn decide<B: Replay>(outcome: Outcome, ctx: Ctx<'_, B>) -> Decision {
     {
         stats.record_retry_failure();
     }
-    let now = Instant::now();
-    let fits = |delay: Duration| match ctx.call.remaining(now) {
+    // The clock is read only when a delay must fit before the deadline: a success needs none.
+    let fits = |delay: Duration| match ctx.call.remaining(Instant::now()) {
         Some(remaining) => delay < remaining,
         None => true,
     };
