@@ -186,3 +186,23 @@ pub(crate) fn annotate<RB>(
 pub(crate) fn no_result() -> crate::BoxError {
     "no attempt result left to return (request body could not be replayed)".into()
 }
+
+/// Arms the call's deadline timer if it is not armed yet, and tells whether it has fired.
+///
+/// The engines arm it only once the call has to wait: an answer on the first poll needs no
+/// timer, and registering one costs more than the rest of the success path.
+pub(crate) fn deadline_fired(
+    mut timer: std::pin::Pin<&mut Option<tokio::time::Sleep>>,
+    deadline: Option<Instant>,
+    cx: &mut std::task::Context<'_>,
+) -> bool {
+    if timer.is_none() {
+        match deadline {
+            Some(deadline) => timer.set(Some(tokio::time::sleep_until(deadline))),
+            None => return false,
+        }
+    }
+    timer
+        .as_pin_mut()
+        .is_some_and(|timer| std::future::Future::poll(timer, cx).is_ready())
+}

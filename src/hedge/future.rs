@@ -13,7 +13,7 @@ use tower_service::Service;
 
 use crate::BoxError;
 use crate::body::Replay;
-use crate::call::{Call, annotate, no_result};
+use crate::call::{Call, annotate, deadline_fired, no_result};
 use crate::classify::{AttemptResult, Outcome};
 use crate::error::deadline_exceeded;
 use crate::policy::HedgePolicy;
@@ -232,18 +232,10 @@ where
         if poll.is_ready() {
             return poll;
         }
-        let mut this = self.project();
-        // The deadline timer is armed only once the call has to wait.
-        if this.deadline.is_none()
-            && let Some(deadline) = this.call.deadline
-        {
-            this.deadline.set(Some(sleep_until(deadline)));
-            if let Some(timer) = this.deadline.as_mut().as_pin_mut()
-                && timer.poll(cx).is_ready()
-            {
-                this.attempts.clear();
-                return Poll::Ready(Err(deadline_exceeded(this.call.grpc)));
-            }
+        let this = self.project();
+        if deadline_fired(this.deadline, this.call.deadline, cx) {
+            this.attempts.clear();
+            return Poll::Ready(Err(deadline_exceeded(this.call.grpc)));
         }
         Poll::Pending
     }

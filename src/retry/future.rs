@@ -8,13 +8,13 @@ use std::time::Duration;
 
 use http::{Request, Response};
 use pin_project_lite::pin_project;
-use tokio::time::{Instant, Sleep, sleep, sleep_until};
+use tokio::time::{Instant, Sleep, sleep};
 use tower_service::Service;
 
 use crate::BoxError;
 use crate::backoff::Step;
 use crate::body::Replay;
-use crate::call::{Call, annotate, no_result};
+use crate::call::{Call, annotate, deadline_fired, no_result};
 use crate::classify::{AttemptResult, Classify, Outcome, grpc_status};
 use crate::error::{attempt_timed_out, deadline_exceeded};
 use crate::policy::{RetryContext, RetryDecision, RetryPolicy};
@@ -266,19 +266,10 @@ where
             return poll;
         }
         let mut this = self.project();
-        // The deadline timer is armed only once the call has to wait: an answer on the first
-        // poll needs none.
-        if this.deadline.is_none()
-            && let Some(deadline) = this.call.deadline
-        {
-            this.deadline.set(Some(sleep_until(deadline)));
-            if let Some(timer) = this.deadline.as_mut().as_pin_mut()
-                && timer.poll(cx).is_ready()
-            {
-                this.state.set(State::Ready);
-                this.lingering.clear();
-                return Poll::Ready(Err(deadline_exceeded(this.call.grpc)));
-            }
+        if deadline_fired(this.deadline, this.call.deadline, cx) {
+            this.state.set(State::Ready);
+            this.lingering.clear();
+            return Poll::Ready(Err(deadline_exceeded(this.call.grpc)));
         }
         Poll::Pending
     }
