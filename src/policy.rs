@@ -589,10 +589,15 @@ pub(crate) enum ThrottleChoice {
     PerAuthority(ThrottleRegistry),
 }
 
+/// Names to policies. foldhash, seeded per process, hashes a short name in a few ns where
+/// SipHash takes tens, on every call; its seed keeps names from a hostile service config
+/// from being chosen to collide.
+type NameMap = HashMap<Box<str>, Option<MethodPolicy>, foldhash::fast::RandomState>;
+
 /// `None` entries turn a less specific policy off for that method or service.
 struct Table {
-    methods: HashMap<Box<str>, Option<MethodPolicy>>,
-    services: HashMap<Box<str>, Option<MethodPolicy>>,
+    methods: NameMap,
+    services: NameMap,
     routes: Vec<(Route, MethodPolicy)>,
     default: Option<MethodPolicy>,
     throttle: ThrottleChoice,
@@ -630,8 +635,8 @@ impl Policies {
     /// An empty table: every request passes through.
     pub fn builder() -> PoliciesBuilder {
         PoliciesBuilder {
-            methods: HashMap::new(),
-            services: HashMap::new(),
+            methods: NameMap::default(),
+            services: NameMap::default(),
             routes: Vec::new(),
             default: None,
             throttle: ThrottleChoice::None,
@@ -725,8 +730,8 @@ impl Policies {
 /// Builds [`Policies`].
 pub struct PoliciesBuilder {
     max_pushback: Duration,
-    methods: HashMap<Box<str>, Option<MethodPolicy>>,
-    services: HashMap<Box<str>, Option<MethodPolicy>>,
+    methods: NameMap,
+    services: NameMap,
     routes: Vec<(Route, MethodPolicy)>,
     default: Option<MethodPolicy>,
     throttle: ThrottleChoice,
