@@ -9,83 +9,16 @@ use http::{HeaderValue, Request, Response, StatusCode};
 use http_body_util::Full;
 use tokio::time::Instant;
 use tower::{Layer, ServiceExt};
-use tower_retry_hedge::backoff::{Exponential, Jitter};
-use tower_retry_hedge::classify::{Code, GrpcCodes, HttpStatuses};
+use tower_retry_hedge::classify::{Code, HttpStatuses};
 use tower_retry_hedge::metadata::{AttemptInfo, Attempts};
 use tower_retry_hedge::policy::Route;
 use tower_retry_hedge::throttle::Throttle;
 use tower_retry_hedge::{BoxError, Policies, RetryLayer, RetryPolicy};
 use tower_test::mock;
 
-type Req = Request<Full<Bytes>>;
-type Res = Response<()>;
-type Handle = mock::Handle<Req, Res>;
+mod support;
 
-const METHOD: &str = "/test.Echo/Unary";
-
-fn backoff(initial_ms: u64, max_ms: u64) -> Exponential {
-    Exponential::new(
-        Duration::from_millis(initial_ms),
-        Duration::from_millis(max_ms),
-        2.0,
-        Jitter::None,
-    )
-    .unwrap()
-}
-
-fn policy(max_attempts: u32) -> RetryPolicy {
-    RetryPolicy::builder()
-        .max_attempts(max_attempts)
-        .backoff(backoff(100, 1000))
-        .retryable(GrpcCodes::from([Code::Unavailable]))
-        .build()
-        .unwrap()
-}
-
-fn policies(policy: RetryPolicy) -> Policies {
-    Policies::builder().method(METHOD, policy).build()
-}
-
-fn grpc_request(body: &'static str) -> Req {
-    Request::post(METHOD)
-        .header("content-type", "application/grpc")
-        .body(Full::new(Bytes::from_static(body.as_bytes())))
-        .unwrap()
-}
-
-fn trailers_only(code: Code, pushback: Option<&'static str>) -> Res {
-    let mut response = Response::builder()
-        .header("content-type", "application/grpc")
-        .header("grpc-status", code.header_value());
-    if let Some(p) = pushback {
-        response = response.header("grpc-retry-pushback-ms", p);
-    }
-    response.body(()).unwrap()
-}
-
-fn grpc_ok() -> Res {
-    Response::builder()
-        .header("content-type", "application/grpc")
-        .body(())
-        .unwrap()
-}
-
-type CallHandle = tokio::task::JoinHandle<Result<Res, BoxError>>;
-
-/// Starts a call through the layer; the test plays the server through the handle.
-fn start(policies: Policies, request: Req) -> (CallHandle, Handle) {
-    let (mock, handle) = mock::pair::<Req, Res>();
-    let svc = RetryLayer::new(policies).layer(mock);
-    (tokio::spawn(svc.oneshot(request)), handle)
-}
-
-/// Answers the next attempt with `response`, returning the request and when it arrived.
-async fn answer(handle: &mut Handle, response: Res) -> (Req, Instant) {
-    let (request, send) = handle.next_request().await.expect("an attempt");
-    let at = Instant::now();
-    send.send_response(response);
-    (request, at)
-}
+use support::*;
 
 fn previous_attempts(request: &Req) -> Option<&str> {
     request
