@@ -51,20 +51,26 @@ impl<B: Replay> Call<B> {
         track_backends: bool,
     ) -> (Self, Request<B>, u64) {
         let grpc = is_grpc(&request);
-        let (parts, body) = request.into_parts();
         let header_timeout = grpc
-            .then(|| grpc_timeout::from_headers(&parts.headers))
+            .then(|| grpc_timeout::from_headers(request.headers()))
             .flatten();
         let timeout = header_timeout.or(timeout);
         // A timeout too large to add to now is no deadline at all.
         let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
-        let (body, first, reader) = match body.prepare(limits) {
+        // The later attempts are made from a copy of the parts; the first sends the
+        // request itself, with only its body swapped, so that its parts are not moved.
+        let parts = clone_parts(&request);
+        let mut body = Body::Spent;
+        let mut reader = 0;
+        let mut first = request.map(|original| match original.prepare(limits) {
             Ok(copies) => {
-                let (first, reader) = copies.first();
-                (Body::Copies(copies), first, reader)
+                let (first, id) = copies.first();
+                body = Body::Copies(copies);
+                reader = id;
+                first
             }
-            Err(body) => (Body::Spent, body, 0),
-        };
+            Err(original) => original,
+        });
         let mut call = Call {
             parts,
             body,
@@ -74,7 +80,9 @@ impl<B: Replay> Call<B> {
             sent: 0,
             tried: track_backends.then(TriedBackends::default),
         };
-        let first = call.attempt(first, false);
+        call.mark_headers(first.headers_mut());
+        call.sent += 1;
+        call.mark_extensions(first.extensions_mut(), false);
         (call, first, reader)
     }
 
@@ -126,35 +134,52 @@ impl<B: Replay> Call<B> {
     /// An attempt's request: the call's parts, with A6's metadata.
     fn attempt(&mut self, body: B, hedge: bool) -> Request<B> {
         let mut parts = self.parts.clone();
+        self.mark_headers(&mut parts.headers);
+        self.sent += 1;
+        self.mark_extensions(&mut parts.extensions, hedge);
+        Request::from_parts(parts, body)
+    }
+
+    /// Adds A6's headers to the next attempt (before it is counted in `sent`).
+    fn mark_headers(&self, headers: &mut http::HeaderMap) {
         if self.grpc {
             if self.sent > 0 {
-                parts
-                    .headers
-                    .insert(GRPC_PREVIOUS_RPC_ATTEMPTS, HeaderValue::from(self.sent));
+                headers.insert(GRPC_PREVIOUS_RPC_ATTEMPTS, HeaderValue::from(self.sent));
             }
             // The first attempt keeps the caller's own `grpc-timeout`: re-encoding the same
             // value would only cost an allocation.
             let keep = self.sent == 0 && self.header_timeout;
             if !keep && let Some(remaining) = self.remaining(Instant::now()) {
-                parts
-                    .headers
-                    .insert(grpc_timeout::GRPC_TIMEOUT, grpc_timeout::encode(remaining));
+                headers.insert(grpc_timeout::GRPC_TIMEOUT, grpc_timeout::encode(remaining));
             }
         }
-        self.sent += 1;
+    }
+
+    /// Adds the attempt's extensions (after it is counted in `sent`).
+    fn mark_extensions(&self, extensions: &mut http::Extensions, hedge: bool) {
         // The first attempt carries no extension: inserting one allocates, and the success
         // path should not pay for what only later attempts need.
         if self.sent > 1 {
-            parts.extensions.insert(AttemptInfo {
+            extensions.insert(AttemptInfo {
                 number: self.sent,
                 hedge,
             });
         }
         if let Some(tried) = &self.tried {
-            parts.extensions.insert(tried.clone());
+            extensions.insert(tried.clone());
         }
-        Request::from_parts(parts, body)
     }
+}
+
+/// A copy of a request's parts (everything but its body).
+fn clone_parts<B>(request: &Request<B>) -> Parts {
+    let (mut parts, ()) = Request::new(()).into_parts();
+    parts.method = request.method().clone();
+    parts.uri = request.uri().clone();
+    parts.version = request.version();
+    parts.headers = request.headers().clone();
+    parts.extensions = request.extensions().clone();
+    parts
 }
 
 /// Marks a response of a call that made more than one attempt: an [`Attempts`] extension,

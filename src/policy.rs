@@ -594,12 +594,18 @@ pub(crate) enum ThrottleChoice {
 /// from being chosen to collide.
 type NameMap = HashMap<Box<str>, Option<MethodPolicy>, foldhash::fast::RandomState>;
 
+/// Names to indexes into [`Table::entries`].
+type IndexMap = HashMap<Box<str>, Option<usize>, foldhash::fast::RandomState>;
+
 /// `None` entries turn a less specific policy off for that method or service.
 struct Table {
-    methods: NameMap,
-    services: NameMap,
-    routes: Vec<(Route, MethodPolicy)>,
-    default: Option<MethodPolicy>,
+    // Every policy of the table. The maps and routes hold indexes into it, so that a call
+    // can keep its policy by index, under the one reference count of the table it holds.
+    entries: Vec<MethodPolicy>,
+    methods: IndexMap,
+    services: IndexMap,
+    routes: Vec<(Route, usize)>,
+    default: Option<usize>,
     throttle: ThrottleChoice,
     buffer_limits: BufferLimits,
     max_attempts_cap: u32,
@@ -648,6 +654,33 @@ impl Policies {
 
     /// The policy for a request with this method and path, if any.
     pub fn lookup(&self, method: &Method, path: &str) -> Option<&MethodPolicy> {
+        self.lookup_index(method, path)
+            .and_then(|index| self.0.entries.get(index))
+    }
+
+    /// The policy at `index`, as given by [`lookup_index`](Self::lookup_index).
+    pub(crate) fn entry(&self, index: usize) -> Option<&MethodPolicy> {
+        self.0.entries.get(index)
+    }
+
+    /// The retry policy at `index`.
+    pub(crate) fn retry_policy(&self, index: usize) -> Option<&Arc<RetryPolicy>> {
+        match self.0.entries.get(index) {
+            Some(MethodPolicy::Retry(policy)) => Some(policy),
+            _ => None,
+        }
+    }
+
+    /// The hedging policy at `index`.
+    pub(crate) fn hedge_policy(&self, index: usize) -> Option<&Arc<HedgePolicy>> {
+        match self.0.entries.get(index) {
+            Some(MethodPolicy::Hedge(policy)) => Some(policy),
+            _ => None,
+        }
+    }
+
+    /// Where the policy for a request with this method and path is in the table.
+    pub(crate) fn lookup_index(&self, method: &Method, path: &str) -> Option<usize> {
         let table = &*self.0;
         if !table.methods.is_empty() || !table.services.is_empty() {
             // A gRPC path is `/service/method`.
@@ -657,21 +690,40 @@ impl Policies {
             if !table.methods.is_empty()
                 && let Some(found) = table.methods.get(name)
             {
-                return found.as_ref();
+                return *found;
             }
             if !table.services.is_empty()
                 && let Some((service, _)) = name.rsplit_once('/')
                 && let Some(found) = table.services.get(service)
             {
-                return found.as_ref();
+                return *found;
             }
         }
         table
             .routes
             .iter()
             .find(|(route, _)| route.matches(method, path))
-            .map(|(_, policy)| policy)
-            .or(table.default.as_ref())
+            .map(|(_, index)| *index)
+            .or(table.default)
+    }
+
+    /// The shared throttle, when the table has one rather than one per authority.
+    pub(crate) fn shared_throttle(&self) -> Option<&Arc<dyn RetryThrottle>> {
+        match &self.0.throttle {
+            ThrottleChoice::Shared(throttle) => Some(throttle),
+            _ => None,
+        }
+    }
+
+    /// The throttle of a request's authority, when the table keeps one per authority.
+    pub(crate) fn authority_throttle<B>(
+        &self,
+        request: &Request<B>,
+    ) -> Option<Arc<dyn RetryThrottle>> {
+        match &self.0.throttle {
+            ThrottleChoice::PerAuthority(_) => self.throttle_for(request),
+            _ => None,
+        }
     }
 
     /// The policy for a request.
@@ -827,11 +879,30 @@ impl PoliciesBuilder {
 
     /// Builds the table.
     pub fn build(self) -> Policies {
+        let mut entries = Vec::new();
+        let mut index = |policy: MethodPolicy| {
+            entries.push(policy);
+            entries.len() - 1
+        };
+        let mut names = |map: NameMap| -> IndexMap {
+            map.into_iter()
+                .map(|(name, policy)| (name, policy.map(&mut index)))
+                .collect()
+        };
+        let methods = names(self.methods);
+        let services = names(self.services);
+        let routes = self
+            .routes
+            .into_iter()
+            .map(|(route, policy)| (route, index(policy)))
+            .collect();
+        let default = self.default.map(&mut index);
         Policies(Arc::new(Table {
-            methods: self.methods,
-            services: self.services,
-            routes: self.routes,
-            default: self.default,
+            entries,
+            methods,
+            services,
+            routes,
+            default,
             throttle: self.throttle,
             buffer_limits: self.buffer_limits,
             max_attempts_cap: self.max_attempts_cap,

@@ -17,7 +17,7 @@ use crate::body::Replay;
 use crate::call::{Call, annotate, deadline_fired, no_result};
 use crate::classify::{AttemptResult, Classify, Outcome, grpc_status};
 use crate::error::{attempt_timed_out, deadline_exceeded};
-use crate::policy::{RetryContext, RetryDecision, RetryPolicy};
+use crate::policy::{Policies, RetryContext, RetryDecision, RetryPolicy};
 use crate::pushback::Pushback;
 use crate::stats::{MethodStats, Stats};
 use crate::throttle::RetryThrottle;
@@ -48,12 +48,85 @@ pin_project! {
             future: S::Future,
             credit: Option<Credit>,
         },
-        // A call with a retry policy.
+        // The first attempt of a call with a retry policy, polled in place. Most calls end
+        // here: what a later attempt would need waits in `start` (boxed, so that the future
+        // stays small for passthrough calls), and the retry engine is built only when the
+        // first attempt does not succeed.
+        First {
+            #[pin]
+            future: S::Future,
+            state: Pin<Box<FirstState<S, B>>>,
+        },
+        // A call with a retry policy past its first attempt.
         // Boxed: the state of a call with a policy is large, and a passthrough call should
         // not move it around.
         Retrying {
             retrying: Pin<Box<Retrying<S, B>>>,
         },
+        // The call ended on its deadline during the first attempt; the attempt is dropped.
+        Finished,
+    }
+}
+
+pin_project! {
+    /// The first attempt's timer, and what it keeps for the attempts that may follow it.
+    pub(crate) struct FirstState<S, B>
+    where
+        S: Service<Request<B>>,
+        B: Replay,
+    {
+        // Fires at the call's deadline or the attempt's timeout, whichever comes first;
+        // armed only once the attempt is pending.
+        #[pin]
+        timer: Option<Sleep>,
+        // When the first attempt times out, with a per-attempt timeout.
+        attempt_deadline: Option<Instant>,
+        // Taken when the retry engine takes over.
+        start: Option<Start<S, B>>,
+    }
+}
+
+/// What a call with a retry policy starts from. Cheap to make: the policy, the shared
+/// throttle and the statistics are all reached through the one table reference.
+pub(crate) struct Start<S, B: Replay> {
+    // A clone of the inner service, for the attempts after the first.
+    pub(crate) service: S,
+    pub(crate) call: Call<B>,
+    pub(crate) policies: Policies,
+    // Where the call's retry policy is in `policies`.
+    pub(crate) index: usize,
+    // The throttle of the request's authority, when the table keeps one per authority.
+    pub(crate) authority_throttle: Option<Arc<dyn RetryThrottle>>,
+    pub(crate) span: tracing::Span,
+}
+
+impl<S, B: Replay> Start<S, B> {
+    fn policy(&self) -> Option<&Arc<RetryPolicy>> {
+        self.policies.retry_policy(self.index)
+    }
+
+    fn throttle(&self) -> Option<&dyn RetryThrottle> {
+        self.authority_throttle
+            .as_deref()
+            .or(self.policies.shared_throttle().map(|t| &**t))
+    }
+
+    /// What the retry engine needs, taken out of the table.
+    fn into_parts(self) -> Option<RetryingParts<S, B>> {
+        let policy = self.policy()?.clone();
+        let throttle = self
+            .authority_throttle
+            .or_else(|| self.policies.shared_throttle().cloned());
+        Some(RetryingParts {
+            service: self.service,
+            call: self.call,
+            policy,
+            throttle,
+            max_attempts_cap: self.policies.max_attempts_cap(),
+            max_pushback: self.policies.max_pushback(),
+            stats: self.policies.stats().clone(),
+            span: self.span,
+        })
     }
 }
 
@@ -74,13 +147,52 @@ where
         }
     }
 
-    pub(crate) fn retrying(retrying: Retrying<S, B>) -> Self {
+    /// A call with a retry policy, whose first attempt is polled in place; `first` is its
+    /// inner future, already called on the service that was polled ready.
+    pub(crate) fn first(
+        start: Start<S, B>,
+        first: S::Future,
+        per_attempt_timeout: Option<Duration>,
+    ) -> Self {
+        // The clock is read only when a per-attempt timeout needs it.
+        let attempt_deadline =
+            per_attempt_timeout.and_then(|timeout| Instant::now().checked_add(timeout));
         ResponseFuture {
-            kind: Kind::Retrying {
-                retrying: Box::pin(retrying),
+            kind: Kind::First {
+                future: first,
+                state: Box::pin(FirstState {
+                    timer: None,
+                    attempt_deadline,
+                    start: Some(start),
+                }),
             },
         }
     }
+
+    /// A call with a retry policy that the engine runs from its first attempt: one whose
+    /// attempts may be left running when their timeout fires, so that they must be boxed.
+    pub(crate) fn engine(start: Start<S, B>, first: S::Future) -> Self {
+        let kind = match start.into_parts() {
+            Some(parts) => Kind::Retrying {
+                retrying: Box::pin(Retrying::new(parts, first)),
+            },
+            None => Kind::Finished,
+        };
+        ResponseFuture { kind }
+    }
+}
+
+/// How the first attempt's poll ends.
+enum FirstStep<S, B, RB>
+where
+    S: Service<Request<B>>,
+    B: Replay,
+{
+    Pending,
+    Return(Result<Response<RB>, BoxError>),
+    DeadlineExceeded(bool),
+    // The retry engine takes over, from the first attempt's result.
+    Engine(Retrying<S, B>),
 }
 
 impl<S, B, RB> Future for ResponseFuture<S, B>
@@ -92,7 +204,8 @@ where
     type Output = Result<Response<RB>, BoxError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project().kind.project() {
+        let mut kind = self.project().kind;
+        let step = match kind.as_mut().project() {
             KindProj::Passthrough { future, credit } => {
                 let result = ready!(future.poll(cx)).map_err(Into::into);
                 if let (Some(credit), Ok(response)) = (credit, &result)
@@ -100,10 +213,99 @@ where
                 {
                     credit.throttle.on_success();
                 }
-                Poll::Ready(result)
+                return Poll::Ready(result);
             }
-            KindProj::Retrying { retrying } => retrying.as_mut().poll(cx),
+            KindProj::Retrying { retrying } => return retrying.as_mut().poll(cx),
+            KindProj::Finished => return Poll::Ready(Err(no_result())),
+            KindProj::First { future, state } => poll_first(future, state.as_mut(), cx),
+        };
+        match step {
+            FirstStep::Pending => Poll::Pending,
+            FirstStep::Return(result) => Poll::Ready(result),
+            FirstStep::DeadlineExceeded(grpc) => {
+                // Dropping the attempt cancels it.
+                kind.set(Kind::Finished);
+                Poll::Ready(Err(deadline_exceeded(grpc)))
+            }
+            FirstStep::Engine(retrying) => {
+                kind.set(Kind::Retrying {
+                    retrying: Box::pin(retrying),
+                });
+                match kind.project() {
+                    KindProj::Retrying { retrying } => retrying.as_mut().poll(cx),
+                    _ => Poll::Ready(Err(no_result())),
+                }
+            }
         }
+    }
+}
+
+/// Polls the first attempt of a call with a retry policy. A success is returned from here;
+/// anything else hands the call to the retry engine.
+fn poll_first<S, B, RB>(
+    future: Pin<&mut S::Future>,
+    state: Pin<&mut FirstState<S, B>>,
+    cx: &mut Context<'_>,
+) -> FirstStep<S, B, RB>
+where
+    S: Service<Request<B>, Response = Response<RB>>,
+    S::Error: Into<BoxError>,
+    B: Replay,
+{
+    let state = state.project();
+    let Some(start) = state.start.as_ref() else {
+        return FirstStep::Return(Err(no_result()));
+    };
+    let Some(policy) = start.policy() else {
+        return FirstStep::Return(Err(no_result()));
+    };
+    let _enter = start.span.enter();
+    let (result, timed_out) = match future.poll(cx) {
+        Poll::Ready(result) => {
+            let result = result.map_err(Into::into);
+            if classify(&policy.classifier, &result) == Outcome::Success {
+                if let Some(throttle) = start.throttle() {
+                    throttle.on_success();
+                }
+                // One attempt: nothing to annotate (see `annotate`).
+                return FirstStep::Return(result);
+            }
+            (result, false)
+        }
+        Poll::Pending => {
+            let mut timer = state.timer;
+            if timer.is_none() {
+                let wake_at = match (start.call.deadline, *state.attempt_deadline) {
+                    (Some(a), Some(b)) => a.min(b),
+                    (Some(at), None) | (None, Some(at)) => at,
+                    (None, None) => return FirstStep::Pending,
+                };
+                timer.set(Some(tokio::time::sleep_until(wake_at)));
+            }
+            let fired = timer
+                .as_mut()
+                .as_pin_mut()
+                .is_some_and(|timer| timer.poll(cx).is_ready());
+            if !fired {
+                return FirstStep::Pending;
+            }
+            timer.set(None);
+            if start
+                .call
+                .deadline
+                .is_some_and(|deadline| Instant::now() >= deadline)
+            {
+                tracing::debug!(attempts = start.call.sent, "deadline exceeded");
+                return FirstStep::DeadlineExceeded(start.call.grpc);
+            }
+            // The attempt's own timeout: the engine drops it (which cancels it) and decides.
+            (Err(attempt_timed_out(start.call.grpc)), true)
+        }
+    };
+    drop(_enter);
+    match state.start.take().and_then(Start::into_parts) {
+        Some(parts) => FirstStep::Engine(Retrying::after_first(parts, result, timed_out)),
+        None => FirstStep::Return(Err(no_result())),
     }
 }
 
@@ -186,6 +388,11 @@ pin_project! {
         },
         // Waiting for the service to be ready for the next attempt.
         Ready,
+        // The first attempt ended (its result is in `last`) before the engine took over:
+        // classify it and decide.
+        Decide {
+            timed_out: bool,
+        },
     }
 }
 
@@ -195,7 +402,7 @@ enum Decision {
     RetryAfter(Duration),
 }
 
-pub(crate) struct RetryingParts<S, B: Replay> {
+struct RetryingParts<S, B: Replay> {
     pub(crate) service: S,
     pub(crate) call: Call<B>,
     pub(crate) policy: Arc<RetryPolicy>,
@@ -203,6 +410,7 @@ pub(crate) struct RetryingParts<S, B: Replay> {
     pub(crate) max_attempts_cap: u32,
     pub(crate) max_pushback: Duration,
     pub(crate) stats: Stats,
+    pub(crate) span: tracing::Span,
 }
 
 impl<S, B> Retrying<S, B>
@@ -212,13 +420,7 @@ where
 {
     /// Starts a call: `first` is the inner future of the first attempt, already called on the
     /// service that was polled ready.
-    pub(crate) fn new(parts: RetryingParts<S, B>, first: S::Future) -> Self {
-        let span = tracing::debug_span!(
-            "retry",
-            path = %parts.call.path(),
-            http.request.resend_count = tracing::field::Empty,
-        );
-        let max_attempts = parts.policy.max_attempts.min(parts.max_attempts_cap);
+    fn new(parts: RetryingParts<S, B>, first: S::Future) -> Self {
         let state = if parts.policy.hedge_on_per_attempt_timeout {
             State::CalledBoxed {
                 future: Some(Box::pin(first)),
@@ -226,10 +428,31 @@ where
         } else {
             State::Called { future: first }
         };
+        let attempt_timer = parts.policy.per_attempt_timeout.map(sleep);
+        Self::with_state(parts, state, attempt_timer, None)
+    }
+
+    /// Takes a call over after its first attempt ended with `result`, which is classified
+    /// on the first poll.
+    fn after_first(
+        parts: RetryingParts<S, B>,
+        result: Result<S::Response, BoxError>,
+        timed_out: bool,
+    ) -> Self {
+        Self::with_state(parts, State::Decide { timed_out }, None, Some(result))
+    }
+
+    fn with_state(
+        parts: RetryingParts<S, B>,
+        state: State<S::Future>,
+        attempt_timer: Option<Sleep>,
+        last: Option<Result<S::Response, BoxError>>,
+    ) -> Self {
+        let max_attempts = parts.policy.max_attempts.min(parts.max_attempts_cap);
         Retrying {
             state,
             deadline: None,
-            attempt_timer: parts.policy.per_attempt_timeout.map(sleep),
+            attempt_timer,
             lingering: Vec::new(),
             service: parts.service,
             call: parts.call,
@@ -243,10 +466,10 @@ where
             refused_retried: false,
             backoff_attempt: 0,
             previous_delay: None,
-            last: None,
+            last,
             stats: None,
             stats_source: parts.stats,
-            span,
+            span: parts.span,
         }
     }
 }
@@ -366,6 +589,12 @@ where
                     return Poll::Ready(
                         last.map(|r| annotate(r, sent, transparent, this.call.grpc)),
                     );
+                }
+                StateProj::Decide { timed_out } => {
+                    let timed_out = *timed_out;
+                    this.state.set(State::Ready);
+                    let result = this.last.take().unwrap_or_else(|| Err(no_result()));
+                    (result, timed_out)
                 }
                 StateProj::Waiting { sleep } => {
                     ready!(sleep.poll(cx));

@@ -130,7 +130,7 @@ use http::{Request, Response};
 use tower_service::Service;
 
 pub use self::future::ResponseFuture;
-use self::future::{Credit, Retrying, RetryingParts};
+use self::future::{Credit, Start};
 pub use self::layer::RetryLayer;
 use crate::BoxError;
 use crate::body::Replay;
@@ -187,49 +187,61 @@ where
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
-        let policy = match self.policies.lookup_request(&request) {
-            Some(MethodPolicy::Retry(policy)) => policy.clone(),
-            Some(MethodPolicy::Hedge(_)) => {
-                // The hedge layer owns this call and its throttle accounting.
+        let index = self
+            .policies
+            .lookup_index(request.method(), request.uri().path());
+        let Some((index, policy)) = index.and_then(|index| match self.policies.entry(index)? {
+            MethodPolicy::Retry(policy) => Some((index, policy)),
+            // The hedge layer owns this call and its throttle accounting.
+            MethodPolicy::Hedge(_) => None,
+        }) else {
+            if index.is_some() {
                 return ResponseFuture::passthrough(self.inner.call(request), None);
             }
-            None => {
-                let credit = if self.policies.has_throttle() {
-                    let grpc = is_grpc(&request);
-                    self.policies
-                        .throttle_for(&request)
-                        .map(|throttle| Credit { throttle, grpc })
-                } else {
-                    None
-                };
-                return ResponseFuture::passthrough(self.inner.call(request), credit);
-            }
+            let credit = if self.policies.has_throttle() {
+                let grpc = is_grpc(&request);
+                self.policies
+                    .throttle_for(&request)
+                    .map(|throttle| Credit { throttle, grpc })
+            } else {
+                None
+            };
+            return ResponseFuture::passthrough(self.inner.call(request), credit);
         };
-        let throttle = self.policies.throttle_for(&request);
-        if let Some(throttle) = &throttle {
+        // The shared throttle is read through the table; only a per-authority one is kept.
+        let authority_throttle = self.policies.authority_throttle(&request);
+        if let Some(throttle) = authority_throttle
+            .as_deref()
+            .or(self.policies.shared_throttle().map(|t| &**t))
+        {
             throttle.on_call();
         }
-        let (call, first, _reader) = Call::start(
-            request,
-            self.policies.buffer_limits(),
-            policy.timeout,
-            false,
+        let span = tracing::debug_span!(
+            "retry",
+            path = %request.uri().path(),
+            http.request.resend_count = tracing::field::Empty,
         );
+        let timeout = policy.timeout;
+        let hedge_on_timeout = policy.hedge_on_per_attempt_timeout;
+        let per_attempt_timeout = policy.per_attempt_timeout;
+        let (call, first, _reader) =
+            Call::start(request, self.policies.buffer_limits(), timeout, false);
         // The ready service takes the first attempt; a clone stays behind for the next call.
         let clone = self.inner.clone();
         let mut service = std::mem::replace(&mut self.inner, clone);
         let future = service.call(first);
-        ResponseFuture::retrying(Retrying::new(
-            RetryingParts {
-                service,
-                call,
-                policy,
-                throttle,
-                max_attempts_cap: self.policies.max_attempts_cap(),
-                max_pushback: self.policies.max_pushback(),
-                stats: self.policies.stats().clone(),
-            },
-            future,
-        ))
+        let start = Start {
+            service,
+            call,
+            policies: self.policies.clone(),
+            index,
+            authority_throttle,
+            span,
+        };
+        if hedge_on_timeout {
+            ResponseFuture::engine(start, future)
+        } else {
+            ResponseFuture::first(start, future, per_attempt_timeout)
+        }
     }
 }
