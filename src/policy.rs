@@ -377,6 +377,11 @@ impl HedgeDelay {
         }
     }
 
+    /// Whether the delay learns from latencies.
+    pub(crate) fn is_adaptive(&self) -> bool {
+        matches!(self, HedgeDelay::Adaptive(_))
+    }
+
     /// Feeds the latency of a successful attempt to an adaptive delay.
     pub(crate) fn record(&self, latency: Duration) {
         if let HedgeDelay::Adaptive(adaptive) = self {

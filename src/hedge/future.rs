@@ -16,9 +16,9 @@ use crate::body::Replay;
 use crate::call::{Call, annotate, deadline_fired, no_result};
 use crate::classify::{AttemptResult, Outcome};
 use crate::error::deadline_exceeded;
-use crate::policy::HedgePolicy;
+use crate::policy::Policies;
 use crate::pushback::Pushback;
-use crate::stats::{MethodStats, Stats};
+use crate::stats::MethodStats;
 use crate::throttle::RetryThrottle;
 
 pin_project! {
@@ -51,6 +51,8 @@ pin_project! {
         Hedging {
             hedging: Pin<Box<Hedging<S, B>>>,
         },
+        // The policy was missing from the table (never expected).
+        Finished,
     }
 }
 
@@ -65,12 +67,14 @@ where
         }
     }
 
-    pub(crate) fn hedging(hedging: Hedging<S, B>) -> Self {
-        ResponseFuture {
-            kind: Kind::Hedging {
+    pub(crate) fn hedging(hedging: Option<Hedging<S, B>>) -> Self {
+        let kind = match hedging {
+            Some(hedging) => Kind::Hedging {
                 hedging: Box::pin(hedging),
             },
-        }
+            None => Kind::Finished,
+        };
+        ResponseFuture { kind }
     }
 }
 
@@ -86,6 +90,7 @@ where
         match self.project().kind.project() {
             KindProj::Passthrough { future } => future.poll(cx).map_err(Into::into),
             KindProj::Hedging { hedging } => hedging.as_mut().poll(cx),
+            KindProj::Finished => Poll::Ready(Err(no_result())),
         }
     }
 }
@@ -101,13 +106,57 @@ fn instant_after(now: Instant, delay: Duration) -> Instant {
         .unwrap_or(now)
 }
 
-/// One attempt in flight.
-struct InFlight<F> {
-    future: Pin<Box<F>>,
+/// Sets the hedge timer to fire at `at`: resets it if it exists, else leaves it to be made
+/// at `at` when next polled.
+fn arm(timer: Pin<&mut Option<Sleep>>, timer_at: &mut Option<Instant>, at: Instant) {
+    *timer_at = Some(at);
+    if let Some(timer) = timer.as_pin_mut() {
+        timer.reset(at);
+    }
+}
+
+/// Polls the hedge timer, making it first if needed (at `at`, or `delay` from now when the
+/// first hedge's time is not set yet); tells whether it has fired.
+fn timer_fired(
+    mut timer: Pin<&mut Option<Sleep>>,
+    at: &mut Option<Instant>,
+    delay: Duration,
+    cx: &mut Context<'_>,
+) -> bool {
+    if timer.is_none() {
+        let at = *at.get_or_insert_with(|| instant_after(Instant::now(), delay));
+        timer.set(Some(sleep_until(at)));
+    }
+    timer
+        .as_pin_mut()
+        .is_some_and(|timer| timer.poll(cx).is_ready())
+}
+
+/// What the engine knows of one attempt in flight.
+#[derive(Clone, Copy)]
+struct Attempt {
     // The body reader it sends from, to find the one that goes on after commit.
     reader: u64,
     number: u32,
-    sent_at: Instant,
+    // When it was sent; for the first attempt, stamped at the first poll, and only when
+    // an adaptive delay needs it.
+    sent_at: Option<Instant>,
+}
+
+/// A hedge in flight: boxed, so that the list can grow and shrink under it.
+struct InFlight<F> {
+    future: Pin<Box<F>>,
+    attempt: Attempt,
+}
+
+pin_project! {
+    /// The first attempt in flight, kept in place: a call that ends on its first attempt
+    /// allocates nothing for it.
+    struct FirstAttempt<F> {
+        #[pin]
+        future: F,
+        attempt: Attempt,
+    }
 }
 
 pin_project! {
@@ -121,19 +170,29 @@ pin_project! {
         #[pin]
         deadline: Option<Sleep>,
         // Fires when the next hedge is due; armed only while one is scheduled.
+        // Made only once the call is pending: a call answered on its first poll needs no
+        // timer, and making one costs a clock read and a runtime-handle clone.
         #[pin]
-        timer: Sleep,
+        timer: Option<Sleep>,
+        // When the next hedge is due, while `timer_armed`; for the first hedge, set when the
+        // call is first left pending: the hedging delay runs from the first poll.
+        timer_at: Option<Instant>,
         timer_armed: bool,
-        attempts: Vec<InFlight<S::Future>>,
+        #[pin]
+        first: Option<FirstAttempt<S::Future>>,
+        // The hedges after the first attempt; allocated only once one is sent.
+        hedges: Vec<InFlight<S::Future>>,
         // A clone of the inner service, polled ready only when a hedge is about to be sent,
         // so a pending hedge holds no capacity.
         service: S,
         call: Call<B>,
-        policy: Arc<HedgePolicy>,
-        throttle: Option<Arc<dyn RetryThrottle>>,
+        // The policy, the shared throttle and the statistics are reached through the table.
+        policies: Policies,
+        index: usize,
+        // The throttle of the request's authority, when the table keeps one per authority.
+        authority_throttle: Option<Arc<dyn RetryThrottle>>,
         delay: Duration,
         max_attempts: u32,
-        max_pushback: Duration,
         // Attempts that count toward `max_attempts`.
         counted: u32,
         // A counted hedge should go as soon as the service is ready.
@@ -150,7 +209,6 @@ pin_project! {
         stopped: bool,
         last: Option<Result<S::Response, BoxError>>,
         stats: Option<Arc<MethodStats>>,
-        stats_source: Stats,
         span: tracing::Span,
     }
 }
@@ -159,11 +217,11 @@ pub(crate) struct HedgingParts<S, B: Replay> {
     pub(crate) service: S,
     pub(crate) call: Call<B>,
     pub(crate) reader: u64,
-    pub(crate) policy: Arc<HedgePolicy>,
-    pub(crate) throttle: Option<Arc<dyn RetryThrottle>>,
-    pub(crate) max_attempts_cap: u32,
-    pub(crate) max_pushback: Duration,
-    pub(crate) stats: Stats,
+    pub(crate) policies: Policies,
+    // Where the call's hedging policy is in `policies`.
+    pub(crate) index: usize,
+    pub(crate) authority_throttle: Option<Arc<dyn RetryThrottle>>,
+    pub(crate) span: tracing::Span,
 }
 
 impl<S, B> Hedging<S, B>
@@ -172,36 +230,32 @@ where
     B: Replay,
 {
     /// Starts a hedged call; `first` is the first attempt, called on the ready service.
-    pub(crate) fn new(parts: HedgingParts<S, B>, first: S::Future) -> Self {
-        let span = tracing::debug_span!(
-            "hedge",
-            path = %parts.call.path(),
-            http.request.resend_count = tracing::field::Empty,
-        );
-        let now = Instant::now();
-        let delay = parts.policy.delay.current();
-        let max_attempts = parts.policy.max_attempts.min(parts.max_attempts_cap);
+    pub(crate) fn new(parts: HedgingParts<S, B>, first: S::Future) -> Option<Self> {
+        let policy = parts.policies.hedge_policy(parts.index)?;
+        let delay = policy.delay.current();
+        let max_attempts = policy.max_attempts.min(parts.policies.max_attempts_cap());
         let more = max_attempts > 1;
-        // The cap is the client's, but still bound what one call reserves up front.
-        let mut attempts = Vec::with_capacity(max_attempts.min(8) as usize);
-        attempts.push(InFlight {
-            future: Box::pin(first),
-            reader: parts.reader,
-            number: 1,
-            sent_at: now,
-        });
-        Hedging {
+        Some(Hedging {
             deadline: None,
-            timer: sleep_until(instant_after(now, delay)),
+            timer: None,
+            timer_at: None,
             timer_armed: more && !delay.is_zero(),
-            attempts,
+            first: Some(FirstAttempt {
+                future: first,
+                attempt: Attempt {
+                    reader: parts.reader,
+                    number: 1,
+                    sent_at: None,
+                },
+            }),
+            hedges: Vec::new(),
             service: parts.service,
             call: parts.call,
-            policy: parts.policy,
-            throttle: parts.throttle,
+            policies: parts.policies,
+            index: parts.index,
+            authority_throttle: parts.authority_throttle,
             delay,
             max_attempts,
-            max_pushback: parts.max_pushback,
             counted: 1,
             hedge_due: more && delay.is_zero(),
             throttle_granted: false,
@@ -212,9 +266,8 @@ where
             stopped: false,
             last: None,
             stats: None,
-            stats_source: parts.stats,
-            span,
-        }
+            span: parts.span,
+        })
     }
 }
 
@@ -232,9 +285,10 @@ where
         if poll.is_ready() {
             return poll;
         }
-        let this = self.project();
+        let mut this = self.project();
         if deadline_fired(this.deadline, this.call.deadline, cx) {
-            this.attempts.clear();
+            this.first.set(None);
+            this.hedges.clear();
             return Poll::Ready(Err(deadline_exceeded(this.call.grpc)));
         }
         Poll::Pending
@@ -245,30 +299,74 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Result<Response<RB>, BoxError>> {
         let mut this = self.project();
+        let policies = &*this.policies;
+        let Some(policy) = policies.hedge_policy(*this.index) else {
+            return Poll::Ready(Err(no_result()));
+        };
+        let throttle = this
+            .authority_throttle
+            .as_deref()
+            .or(policies.shared_throttle().map(|t| &**t));
         let _enter = this.span.enter();
         if let Some(deadline) = this.deadline.as_mut().as_pin_mut()
             && deadline.poll(cx).is_ready()
         {
             tracing::debug!(attempts = this.call.sent, "deadline exceeded");
-            this.attempts.clear();
+            this.first.set(None);
+            this.hedges.clear();
             return Poll::Ready(Err(deadline_exceeded(this.call.grpc)));
+        }
+        if policy.delay.is_adaptive()
+            && let Some(first) = this.first.as_mut().as_pin_mut()
+        {
+            let attempt = first.project().attempt;
+            if attempt.sent_at.is_none() {
+                attempt.sent_at = Some(Instant::now());
+            }
         }
         loop {
             // Once the body outgrew the buffer, only the attempt that sent the most goes on.
             if let Some(reader) = this.call.committed_reader() {
-                this.attempts.retain(|a| a.reader == reader);
+                if this
+                    .first
+                    .as_ref()
+                    .as_pin_ref()
+                    .is_some_and(|first| first.attempt.reader != reader)
+                {
+                    this.first.set(None);
+                }
+                this.hedges.retain(|h| h.attempt.reader == reader);
                 *this.stopped = true;
                 *this.hedge_due = false;
                 *this.timer_armed = false;
             }
 
+            // The first attempt, then each hedge; a finished one leaves the list.
             let mut i = 0;
-            while i < this.attempts.len() {
-                let Poll::Ready(result) = this.attempts[i].future.as_mut().poll(cx) else {
-                    i += 1;
-                    continue;
+            let mut first_polled = false;
+            loop {
+                let (result, attempt) = if !first_polled {
+                    first_polled = true;
+                    let Some(first) = this.first.as_mut().as_pin_mut() else {
+                        continue;
+                    };
+                    let first = first.project();
+                    let Poll::Ready(result) = first.future.poll(cx) else {
+                        continue;
+                    };
+                    let attempt = *first.attempt;
+                    this.first.set(None);
+                    (result, attempt)
+                } else {
+                    let Some(hedge) = this.hedges.get_mut(i) else {
+                        break;
+                    };
+                    let Poll::Ready(result) = hedge.future.as_mut().poll(cx) else {
+                        i += 1;
+                        continue;
+                    };
+                    (result, this.hedges.swap_remove(i).attempt)
                 };
-                let attempt = this.attempts.swap_remove(i);
                 // An attempt polled before this one may just have committed the body to
                 // itself: this one was cut off, and its result (a body error) means nothing.
                 if this
@@ -280,17 +378,16 @@ where
                 }
                 let result = result.map_err(Into::into);
                 let outcome = match &result {
-                    Ok(response) => this.policy.classifier.classify(AttemptResult::Response {
+                    Ok(response) => policy.classifier.classify(AttemptResult::Response {
                         status: response.status(),
                         headers: response.headers(),
                     }),
-                    Err(error) => this
-                        .policy
-                        .classifier
-                        .classify(AttemptResult::Error(&**error)),
+                    Err(error) => policy.classifier.classify(AttemptResult::Error(&**error)),
                 }
-                .cap_pushback(*this.max_pushback);
-                let now = Instant::now();
+                .cap_pushback(policies.max_pushback());
+                // The clock is read only when needed: a fixed delay learns nothing from a
+                // success's latency.
+                let now = Instant::now;
                 if attempt.number > 1
                     && !matches!(
                         outcome,
@@ -302,13 +399,20 @@ where
                 }
                 match outcome {
                     Outcome::Success => {
-                        if let Some(throttle) = this.throttle {
+                        if let Some(throttle) = throttle {
                             throttle.on_success();
                         }
-                        this.policy.delay.record(now - attempt.sent_at);
+                        if policy.delay.is_adaptive() {
+                            if let Some(sent_at) = attempt.sent_at {
+                                policy
+                                    .delay
+                                    .record(now().saturating_duration_since(sent_at));
+                            }
+                        }
                         tracing::debug!(attempt = attempt.number, "hedge won");
                         // Dropping the others cancels them.
-                        this.attempts.clear();
+                        this.first.set(None);
+                        this.hedges.clear();
                         let (sent, transparent) = (this.call.sent, *this.transparent);
                         return Poll::Ready(
                             result.map(|r| annotate(r, sent, transparent, this.call.grpc)),
@@ -316,12 +420,13 @@ where
                     }
                     Outcome::Fatal(pushback) => {
                         if pushback == Some(Pushback::Stop)
-                            && let Some(throttle) = this.throttle
+                            && let Some(throttle) = throttle
                         {
                             throttle.on_failure();
                         }
                         tracing::debug!(attempt = attempt.number, "fatal: cancelling the rest");
-                        this.attempts.clear();
+                        this.first.set(None);
+                        this.hedges.clear();
                         let (sent, transparent) = (this.call.sent, *this.transparent);
                         return Poll::Ready(
                             result.map(|r| annotate(r, sent, transparent, this.call.grpc)),
@@ -340,7 +445,7 @@ where
                     Outcome::NotSent | Outcome::Refused | Outcome::Retryable(_) => {
                         // Non-fatal: counts against the throttle, and the next hedge goes
                         // now, or after the server's pushback, or never.
-                        if let Some(throttle) = this.throttle {
+                        if let Some(throttle) = throttle {
                             throttle.on_failure();
                         }
                         match outcome.pushback() {
@@ -353,7 +458,8 @@ where
                             Some(Pushback::After(delay)) => {
                                 tracing::debug!(attempt = attempt.number, ?delay, "pushback");
                                 *this.hedge_due = false;
-                                this.timer.as_mut().reset(instant_after(now, delay));
+                                let at = instant_after(now(), delay);
+                                arm(this.timer.as_mut(), this.timer_at, at);
                                 *this.timer_armed = true;
                             }
                             None => {
@@ -373,22 +479,29 @@ where
             // The body may have been committed while the attempts were polled: cancel the
             // others now, as A6 asks, not at some later wake-up.
             if let Some(reader) = this.call.committed_reader()
-                && this.attempts.iter().any(|a| a.reader != reader)
+                && (this
+                    .first
+                    .as_ref()
+                    .as_pin_ref()
+                    .is_some_and(|first| first.attempt.reader != reader)
+                    || this.hedges.iter().any(|h| h.attempt.reader != reader))
             {
                 continue;
             }
 
-            if *this.timer_armed && this.timer.as_mut().poll(cx).is_ready() {
+            if *this.timer_armed && timer_fired(this.timer.as_mut(), this.timer_at, *this.delay, cx)
+            {
                 *this.timer_armed = false;
                 *this.hedge_due = true;
             }
 
+            let in_flight = this.first.is_some() || !this.hedges.is_empty();
             let counted_possible = !*this.stopped && *this.counted < *this.max_attempts;
             let want_counted = *this.hedge_due && counted_possible;
             if (want_counted || *this.resends_due > 0) && this.call.can_replay() {
                 if want_counted && *this.resends_due == 0 && !*this.throttle_granted {
                     // Asked once per hedge: a budget withdraws when it says yes.
-                    if this.throttle.as_ref().is_some_and(|t| !t.allows_retry()) {
+                    if throttle.is_some_and(|t| !t.allows_retry()) {
                         tracing::debug!("throttled: no more hedges");
                         *this.stopped = true;
                         *this.hedge_due = false;
@@ -404,7 +517,7 @@ where
                         *this.stopped = true;
                         *this.hedge_due = false;
                         *this.resends_due = 0;
-                        if this.attempts.is_empty() {
+                        if !in_flight {
                             return Poll::Ready(Err(error.into()));
                         }
                     }
@@ -421,16 +534,15 @@ where
                                 let k = *this.counted - 1;
                                 this.stats
                                     .get_or_insert_with(|| {
-                                        this.stats_source.method(this.call.path())
+                                        policies.stats().method(this.call.path())
                                     })
                                     .record_retry(k);
                                 if *this.counted < *this.max_attempts {
                                     if this.delay.is_zero() {
                                         *this.hedge_due = true;
                                     } else {
-                                        this.timer
-                                            .as_mut()
-                                            .reset(instant_after(Instant::now(), *this.delay));
+                                        let at = instant_after(Instant::now(), *this.delay);
+                                        arm(this.timer.as_mut(), this.timer_at, at);
                                         *this.timer_armed = true;
                                     }
                                 }
@@ -439,11 +551,19 @@ where
                             this.span.record("http.request.resend_count", number - 1);
                             tracing::debug!(attempt = number, transparent, "sending hedge");
                             let future = Box::pin(this.service.call(request));
-                            this.attempts.push(InFlight {
+                            if this.hedges.capacity() == 0 {
+                                // The cap is the client's, but still bound what one call
+                                // reserves up front.
+                                this.hedges
+                                    .reserve(this.max_attempts.saturating_sub(1).min(8) as usize);
+                            }
+                            this.hedges.push(InFlight {
                                 future,
-                                reader,
-                                number,
-                                sent_at: Instant::now(),
+                                attempt: Attempt {
+                                    reader,
+                                    number,
+                                    sent_at: Some(Instant::now()),
+                                },
                             });
                             // Poll the new attempt, and maybe send another.
                             continue;
@@ -457,7 +577,7 @@ where
                 *this.resends_due = 0;
             }
 
-            if this.attempts.is_empty() {
+            if this.first.is_none() && this.hedges.is_empty() {
                 let more_coming = *this.resends_due > 0
                     || (counted_possible && (*this.hedge_due || *this.timer_armed));
                 if !more_coming || !this.call.can_replay() {

@@ -6,6 +6,8 @@
 //! - Attempt 1 goes at once; another every hedging delay (zero: all at once), up to
 //!   `maxAttempts` (clamped to the client cap). With `maxAttempts` 4 and a 500 ms delay and no
 //!   answers, 1 attempt is outstanding at 1 ms, 2 at 501 ms, 3 at 1001 ms, 4 at 1501 ms.
+//!   The first delay runs from the response future's first poll (a call answered on that
+//!   poll never reads the clock or makes a timer); callers poll it at once, as `.await` does.
 //! - The first success (or a response that commits the call) wins: every other attempt is
 //!   dropped, which cancels it (tonic and hyper reset the stream, so the server sees the
 //!   cancellation).
@@ -91,7 +93,7 @@ pub use self::layer::HedgeLayer;
 use crate::BoxError;
 use crate::body::Replay;
 use crate::call::Call;
-use crate::policy::{MethodPolicy, Policies};
+use crate::policy::Policies;
 
 /// Hedges requests by their method's [`HedgePolicy`](crate::HedgePolicy): see
 /// [the module docs](self).
@@ -143,20 +145,35 @@ where
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
-        let Some(MethodPolicy::Hedge(policy)) = self.policies.lookup_request(&request) else {
+        let index = self
+            .policies
+            .lookup_index(request.method(), request.uri().path());
+        let Some((index, policy)) = index.and_then(|index| {
+            let policy = self.policies.hedge_policy(index)?;
+            Some((index, policy))
+        }) else {
             // No policy, or a retry policy: the retry layer (if any) owns the call.
             return ResponseFuture::passthrough(self.inner.call(request));
         };
-        let policy = policy.clone();
-        let throttle = self.policies.throttle_for(&request);
-        if let Some(throttle) = &throttle {
+        let (timeout, track_backends) = (policy.timeout, policy.track_backends);
+        // The shared throttle is read through the table; only a per-authority one is kept.
+        let authority_throttle = self.policies.authority_throttle(&request);
+        if let Some(throttle) = authority_throttle
+            .as_deref()
+            .or(self.policies.shared_throttle().map(|t| &**t))
+        {
             throttle.on_call();
         }
+        let span = tracing::debug_span!(
+            "hedge",
+            path = %request.uri().path(),
+            http.request.resend_count = tracing::field::Empty,
+        );
         let (call, first, reader) = Call::start(
             request,
             self.policies.buffer_limits(),
-            policy.timeout,
-            policy.track_backends,
+            timeout,
+            track_backends,
         );
         let clone = self.inner.clone();
         let mut service = std::mem::replace(&mut self.inner, clone);
@@ -166,11 +183,10 @@ where
                 service,
                 call,
                 reader,
-                policy,
-                throttle,
-                max_attempts_cap: self.policies.max_attempts_cap(),
-                max_pushback: self.policies.max_pushback(),
-                stats: self.policies.stats().clone(),
+                policies: self.policies.clone(),
+                index,
+                authority_throttle,
+                span,
             },
             future,
         ))
