@@ -402,12 +402,12 @@ where
                         if let Some(throttle) = throttle {
                             throttle.on_success();
                         }
-                        if policy.delay.is_adaptive() {
-                            if let Some(sent_at) = attempt.sent_at {
-                                policy
-                                    .delay
-                                    .record(now().saturating_duration_since(sent_at));
-                            }
+                        if policy.delay.is_adaptive()
+                            && let Some(sent_at) = attempt.sent_at
+                        {
+                            policy
+                                .delay
+                                .record(now().saturating_duration_since(sent_at));
                         }
                         tracing::debug!(attempt = attempt.number, "hedge won");
                         // Dropping the others cancels them.

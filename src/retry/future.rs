@@ -192,7 +192,7 @@ where
     Return(Result<Response<RB>, BoxError>),
     DeadlineExceeded(bool),
     // The retry engine takes over, from the first attempt's result.
-    Engine(Retrying<S, B>),
+    Engine(Box<Retrying<S, B>>),
 }
 
 impl<S, B, RB> Future for ResponseFuture<S, B>
@@ -229,7 +229,7 @@ where
             }
             FirstStep::Engine(retrying) => {
                 kind.set(Kind::Retrying {
-                    retrying: Box::pin(retrying),
+                    retrying: Box::into_pin(retrying),
                 });
                 match kind.project() {
                     KindProj::Retrying { retrying } => retrying.as_mut().poll(cx),
@@ -304,7 +304,7 @@ where
     };
     drop(_enter);
     match state.start.take().and_then(Start::into_parts) {
-        Some(parts) => FirstStep::Engine(Retrying::after_first(parts, result, timed_out)),
+        Some(parts) => FirstStep::Engine(Box::new(Retrying::after_first(parts, result, timed_out))),
         None => FirstStep::Return(Err(no_result())),
     }
 }
