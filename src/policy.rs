@@ -587,6 +587,25 @@ impl Route {
     }
 }
 
+/// The throttle a call counts against: the table's shared one, or its authority's bucket.
+/// Neither allocates per call.
+#[derive(Clone)]
+pub(crate) enum ThrottleHandle {
+    Shared(Arc<dyn RetryThrottle>),
+    Authority(crate::throttle::Throttle),
+}
+
+impl std::ops::Deref for ThrottleHandle {
+    type Target = dyn RetryThrottle;
+
+    fn deref(&self) -> &(dyn RetryThrottle + 'static) {
+        match self {
+            ThrottleHandle::Shared(throttle) => &**throttle,
+            ThrottleHandle::Authority(throttle) => throttle,
+        }
+    }
+}
+
 #[derive(Clone)]
 pub(crate) enum ThrottleChoice {
     None,
@@ -721,26 +740,18 @@ impl Policies {
     }
 
     /// The throttle of a request's authority, when the table keeps one per authority.
-    pub(crate) fn authority_throttle<B>(
-        &self,
-        request: &Request<B>,
-    ) -> Option<Arc<dyn RetryThrottle>> {
+    pub(crate) fn authority_throttle<B>(&self, request: &Request<B>) -> Option<ThrottleHandle> {
         match &self.0.throttle {
             ThrottleChoice::PerAuthority(_) => self.throttle_for(request),
             _ => None,
         }
     }
 
-    /// The policy for a request.
-    pub fn lookup_request<B>(&self, request: &Request<B>) -> Option<&MethodPolicy> {
-        self.lookup(request.method(), request.uri().path())
-    }
-
     /// The throttle for a request: the shared one, or the one of its authority.
-    pub(crate) fn throttle_for<B>(&self, request: &Request<B>) -> Option<Arc<dyn RetryThrottle>> {
+    pub(crate) fn throttle_for<B>(&self, request: &Request<B>) -> Option<ThrottleHandle> {
         match &self.0.throttle {
             ThrottleChoice::None => None,
-            ThrottleChoice::Shared(throttle) => Some(throttle.clone()),
+            ThrottleChoice::Shared(throttle) => Some(ThrottleHandle::Shared(throttle.clone())),
             ThrottleChoice::PerAuthority(registry) => {
                 let authority = request
                     .uri()
@@ -753,7 +764,7 @@ impl Policies {
                             .and_then(|h| h.to_str().ok())
                     })
                     .unwrap_or("");
-                Some(Arc::new(registry.get(authority)))
+                Some(ThrottleHandle::Authority(registry.get(authority)))
             }
         }
     }

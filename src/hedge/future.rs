@@ -16,10 +16,9 @@ use crate::body::Replay;
 use crate::call::{Call, annotate, deadline_fired, no_result};
 use crate::classify::{AttemptResult, Outcome};
 use crate::error::deadline_exceeded;
-use crate::policy::Policies;
+use crate::policy::{Policies, ThrottleHandle};
 use crate::pushback::Pushback;
 use crate::stats::MethodStats;
-use crate::throttle::RetryThrottle;
 
 pin_project! {
     /// The response future of [`Hedge`](super::Hedge).
@@ -190,7 +189,7 @@ pin_project! {
         policies: Policies,
         index: usize,
         // The throttle of the request's authority, when the table keeps one per authority.
-        authority_throttle: Option<Arc<dyn RetryThrottle>>,
+        authority_throttle: Option<ThrottleHandle>,
         delay: Duration,
         max_attempts: u32,
         // Attempts that count toward `max_attempts`.
@@ -220,7 +219,7 @@ pub(crate) struct HedgingParts<S, B: Replay> {
     pub(crate) policies: Policies,
     // Where the call's hedging policy is in `policies`.
     pub(crate) index: usize,
-    pub(crate) authority_throttle: Option<Arc<dyn RetryThrottle>>,
+    pub(crate) authority_throttle: Option<ThrottleHandle>,
     pub(crate) span: tracing::Span,
 }
 

@@ -17,7 +17,7 @@ use crate::body::Replay;
 use crate::call::{Call, annotate, deadline_fired, no_result};
 use crate::classify::{AttemptResult, Classify, Outcome, grpc_status};
 use crate::error::{attempt_timed_out, deadline_exceeded};
-use crate::policy::{Policies, RetryContext, RetryDecision, RetryPolicy};
+use crate::policy::{Policies, RetryContext, RetryDecision, RetryPolicy, ThrottleHandle};
 use crate::pushback::Pushback;
 use crate::stats::{MethodStats, Stats};
 use crate::throttle::RetryThrottle;
@@ -96,7 +96,7 @@ pub(crate) struct Start<S, B: Replay> {
     // Where the call's retry policy is in `policies`.
     pub(crate) index: usize,
     // The throttle of the request's authority, when the table keeps one per authority.
-    pub(crate) authority_throttle: Option<Arc<dyn RetryThrottle>>,
+    pub(crate) authority_throttle: Option<ThrottleHandle>,
     pub(crate) span: tracing::Span,
 }
 
@@ -114,9 +114,12 @@ impl<S, B: Replay> Start<S, B> {
     /// What the retry engine needs, taken out of the table.
     fn into_parts(self) -> Option<RetryingParts<S, B>> {
         let policy = self.policy()?.clone();
-        let throttle = self
-            .authority_throttle
-            .or_else(|| self.policies.shared_throttle().cloned());
+        let throttle = self.authority_throttle.or_else(|| {
+            self.policies
+                .shared_throttle()
+                .cloned()
+                .map(ThrottleHandle::Shared)
+        });
         Some(RetryingParts {
             service: self.service,
             call: self.call,
@@ -132,7 +135,7 @@ impl<S, B: Replay> Start<S, B> {
 
 /// What a passthrough call needs to credit the throttle on success.
 pub(crate) struct Credit {
-    pub(crate) throttle: Arc<dyn RetryThrottle>,
+    pub(crate) throttle: ThrottleHandle,
     pub(crate) grpc: bool,
 }
 
@@ -344,7 +347,7 @@ pin_project! {
         service: S,
         call: Call<B>,
         policy: Arc<RetryPolicy>,
-        throttle: Option<Arc<dyn RetryThrottle>>,
+        throttle: Option<ThrottleHandle>,
         max_attempts: u32,
         max_pushback: Duration,
         // Attempts that count toward `max_attempts`.
@@ -406,7 +409,7 @@ struct RetryingParts<S, B: Replay> {
     pub(crate) service: S,
     pub(crate) call: Call<B>,
     pub(crate) policy: Arc<RetryPolicy>,
-    pub(crate) throttle: Option<Arc<dyn RetryThrottle>>,
+    pub(crate) throttle: Option<ThrottleHandle>,
     pub(crate) max_attempts_cap: u32,
     pub(crate) max_pushback: Duration,
     pub(crate) stats: Stats,
