@@ -49,13 +49,14 @@ pin_project! {
             credit: Option<Credit>,
         },
         // The first attempt of a call with a retry policy, polled in place. Most calls end
-        // here: what a later attempt would need waits in `start` (boxed, so that the future
-        // stays small for passthrough calls), and the retry engine is built only when the
-        // first attempt does not succeed.
+        // here: what a later attempt would need waits in `state`, in place too (moving it
+        // with the future measured cheaper than a box of it), and the retry engine is built,
+        // boxed, only when the first attempt does not succeed.
         First {
             #[pin]
             future: S::Future,
-            state: Pin<Box<FirstState<S, B>>>,
+            #[pin]
+            state: FirstState<S, B>,
         },
         // A call with a retry policy past its first attempt.
         // Boxed: the state of a call with a policy is large, and a passthrough call should
@@ -163,11 +164,11 @@ where
         ResponseFuture {
             kind: Kind::First {
                 future: first,
-                state: Box::pin(FirstState {
+                state: FirstState {
                     timer: None,
                     attempt_deadline,
                     start: Some(start),
-                }),
+                },
             },
         }
     }
@@ -220,7 +221,7 @@ where
             }
             KindProj::Retrying { retrying } => return retrying.as_mut().poll(cx),
             KindProj::Finished => return Poll::Ready(Err(no_result())),
-            KindProj::First { future, state } => poll_first(future, state.as_mut(), cx),
+            KindProj::First { future, state } => poll_first(future, state, cx),
         };
         match step {
             FirstStep::Pending => Poll::Pending,
