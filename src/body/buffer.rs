@@ -334,7 +334,11 @@ mod tests {
         let limits = BufferLimits::new(100, 100);
         let mut record = Record::new(limits.clone());
         assert_eq!(record.try_push(&Bytes::from_static(b"a")), Ok(()));
-        assert_eq!(record.chunks.rest.capacity(), 0, "one chunk allocates nothing");
+        assert_eq!(
+            record.chunks.rest.capacity(),
+            0,
+            "one chunk allocates nothing"
+        );
         assert_eq!(record.try_push(&Bytes::from_static(b"bb")), Ok(()));
         record.free_before(1);
         assert_eq!(record.try_push(&Bytes::from_static(b"ccc")), Ok(()));

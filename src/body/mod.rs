@@ -201,13 +201,38 @@ impl SourceWaker {
 
 /// The source and what it has sent so far.
 struct State<B> {
-    /// The source, until it has ended (or failed). It is boxed so that `B` need not be `Unpin`.
-    source: Option<Pin<Box<B>>>,
+    /// The source, until it has ended (or failed).
+    source: Option<Source<B>>,
     record: Record,
     /// How the source ended, once it has; `Some` exactly when `source` is `None`.
     end: Option<End>,
     /// The reader the call is committed to, once it is.
     commit: Option<Commit>,
+}
+
+/// The source body, where it can be polled from: `poll_frame` takes it pinned.
+enum Source<B> {
+    /// Any body: boxed, so that `B` need not be `Unpin`.
+    Boxed(Pin<Box<B>>),
+    /// A body known to be `Unpin`, held as it is: `pin` is [`Pin::new`], which only code that
+    /// knows `B: Unpin` can name, so no box (and no allocation) is needed.
+    Unpinned(B, for<'a> fn(&'a mut B) -> Pin<&'a mut B>),
+}
+
+impl<B> Source<B> {
+    fn pinned(&mut self) -> Pin<&mut B> {
+        match self {
+            Source::Boxed(body) => body.as_mut(),
+            Source::Unpinned(body, pin) => pin(body),
+        }
+    }
+
+    fn get(&self) -> &B {
+        match self {
+            Source::Boxed(body) => body,
+            Source::Unpinned(body, _) => body,
+        }
+    }
 }
 
 /// How the source ended.
@@ -261,7 +286,7 @@ struct After<'a, B> {
     /// The shared state changed: wake the other readers waiting for the source.
     wake_others: bool,
     /// A source that has ended, dropped outside the lock.
-    finished: Option<Pin<Box<B>>>,
+    finished: Option<Source<B>>,
 }
 
 impl<B> Drop for After<'_, B> {
@@ -300,6 +325,25 @@ where
     /// assert!(too_big.is_err()); // the original body, to send without retries
     /// ```
     pub fn try_new(body: B, limits: &BufferLimits) -> Result<ReplayBody<B>, B> {
+        ReplayBody::wrap(body, limits, |body| Source::Boxed(Box::pin(body)))
+    }
+
+    /// [`try_new`](Self::try_new) for a body that is `Unpin`, such as a boxed body: the
+    /// source is held as it is, with no box of its own.
+    pub(crate) fn try_new_unpin(body: B, limits: &BufferLimits) -> Result<ReplayBody<B>, B>
+    where
+        B: Unpin,
+    {
+        ReplayBody::wrap(body, limits, |body| {
+            Source::Unpinned(body, |body| Pin::new(body))
+        })
+    }
+
+    fn wrap(
+        body: B,
+        limits: &BufferLimits,
+        source: impl FnOnce(B) -> Source<B>,
+    ) -> Result<ReplayBody<B>, B> {
         let lower = body.size_hint().lower();
         let room = limits.per_call().min(limits.available());
         if lower > u64::try_from(room).unwrap_or(u64::MAX) {
@@ -315,7 +359,7 @@ where
         let (source, end) = if body.is_end_stream() {
             (None, Some(End::Eos))
         } else {
-            (Some(Box::pin(body)), None)
+            (Some(source(body)), None)
         };
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
@@ -525,14 +569,14 @@ where
                 return Poll::Ready(None);
             };
             // Some bodies panic when polled after their end; never poll one that says so.
-            if source.is_end_stream() {
+            if source.get().is_end_stream() {
                 return self.finish(End::Eos, cursor, after, Poll::Ready(None));
             }
             let source_waker = waiters.get();
             // Until a source waker exists no reader waits: this one's waker is the only one.
             let waker = source_waker.map_or(cx.waker(), |source_waker| &source_waker.waker);
             let seen = source_waker.map(|source_waker| source_waker.waiters.wakes());
-            match source.as_mut().poll_frame(&mut Context::from_waker(waker)) {
+            match source.pinned().poll_frame(&mut Context::from_waker(waker)) {
                 Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
                     Ok(data) => return self.record_data(data, cursor, after),
                     Err(frame) => {
@@ -682,7 +726,7 @@ impl<B: Body> State<B> {
         let Some(source) = &self.source else {
             return SizeHint::with_exact(recorded);
         };
-        let rest = source.size_hint();
+        let rest = source.get().size_hint();
         let mut hint = SizeHint::new();
         let lower = rest.lower().saturating_add(recorded);
         hint.set_lower(lower);
@@ -706,7 +750,7 @@ impl<B: Body> State<B> {
         match (&self.end, &self.source) {
             (Some(End::Eos), _) => true,
             (Some(End::Trailers(_) | End::Failed), _) => false,
-            (None, Some(source)) => source.is_end_stream(),
+            (None, Some(source)) => source.get().is_end_stream(),
             (None, None) => true,
         }
     }
@@ -948,6 +992,46 @@ mod tests {
             "the committed reader must be woken when the source is ready"
         );
         assert!(Pin::new(&mut body).poll_frame(&mut cx).is_ready());
+    }
+
+    #[test]
+    fn an_unpin_source_is_held_unboxed_and_behaves_the_same() {
+        let gate = Arc::new(Mutex::new((false, None::<Waker>)));
+        let limits = BufferLimits::default();
+        let Ok(mut first) = ReplayBody::try_new_unpin(Gated(Arc::clone(&gate)), &limits) else {
+            panic!("a source with no size hint is accepted");
+        };
+        assert!(matches!(
+            first.shared.lock().source,
+            Some(Source::Unpinned(..))
+        ));
+        let woken = Arc::new(Woken(std::sync::atomic::AtomicBool::new(false)));
+        let waker = Waker::from(Arc::clone(&woken));
+        let mut cx = Context::from_waker(&waker);
+        assert!(Pin::new(&mut first).poll_frame(&mut cx).is_pending());
+        let source_waker = {
+            let mut gate = gate.lock().unwrap();
+            gate.0 = true;
+            gate.1.take()
+        };
+        source_waker.expect("the source kept a waker").wake();
+        assert!(woken.0.load(Ordering::SeqCst));
+
+        let mut replay = first.clone();
+        for body in [&mut first, &mut replay] {
+            let Poll::Ready(Some(Ok(frame))) = Pin::new(body).poll_frame(&mut cx) else {
+                panic!("a data frame");
+            };
+            assert_eq!(frame.into_data().ok().as_deref(), Some(&b"x"[..]));
+        }
+        assert_eq!((limits.in_use(), first.bytes_read()), (1, 1));
+        drop((first, replay));
+        assert_eq!(limits.in_use(), 0);
+        assert_eq!(
+            Arc::strong_count(&gate),
+            1,
+            "the source is dropped with the body"
+        );
     }
 
     #[test]
