@@ -131,26 +131,61 @@ pub(super) enum Overflow {
 /// is committed to one reader), so `first` is the number of the oldest chunk still held.
 #[derive(Debug)]
 pub(super) struct Record {
-    chunks: VecDeque<Bytes>,
-    /// The number of `chunks[0]`.
+    chunks: Chunks,
+    /// The number of the oldest chunk held.
     first: usize,
-    /// Bytes ever recorded by this call; checked against the per-call limit.
+    /// Bytes ever recorded by this call: checked against the per-call limit, and the byte
+    /// offset in the body of the end of the last recorded chunk.
     recorded: usize,
     /// Bytes currently held, all of them reserved from the budget.
     held: usize,
-    /// The byte offset in the body of the end of the last recorded chunk.
-    end_offset: u64,
     limits: BufferLimits,
+}
+
+/// The chunks held, oldest first. Most request bodies (a unary gRPC message, a buffered
+/// HTTP body) are one chunk: that one is held inline, so that recording it allocates nothing.
+#[derive(Debug, Default)]
+struct Chunks {
+    /// The oldest chunk, unless it has been freed: then every chunk is in `rest`.
+    head: Option<Bytes>,
+    rest: VecDeque<Bytes>,
+}
+
+impl Chunks {
+    fn len(&self) -> usize {
+        usize::from(self.head.is_some()).saturating_add(self.rest.len())
+    }
+
+    fn get(&self, index: usize) -> Option<&Bytes> {
+        match &self.head {
+            Some(head) => match index.checked_sub(1) {
+                None => Some(head),
+                Some(index) => self.rest.get(index),
+            },
+            None => self.rest.get(index),
+        }
+    }
+
+    fn push_back(&mut self, chunk: Bytes) {
+        if self.head.is_none() && self.rest.is_empty() {
+            self.head = Some(chunk);
+        } else {
+            self.rest.push_back(chunk);
+        }
+    }
+
+    fn pop_front(&mut self) -> Option<Bytes> {
+        self.head.take().or_else(|| self.rest.pop_front())
+    }
 }
 
 impl Record {
     pub(super) fn new(limits: BufferLimits) -> Record {
         Record {
-            chunks: VecDeque::new(),
+            chunks: Chunks::default(),
             first: 0,
             recorded: 0,
             held: 0,
-            end_offset: 0,
             limits,
         }
     }
@@ -162,7 +197,7 @@ impl Record {
 
     /// The byte offset in the body just past the last recorded chunk.
     pub(super) fn end_offset(&self) -> u64 {
-        self.end_offset
+        u64::try_from(self.recorded).unwrap_or(u64::MAX)
     }
 
     /// The chunk numbered `index`, if it is still held.
@@ -181,18 +216,16 @@ impl Record {
     /// Records `chunk` if both limits allow it; otherwise records nothing.
     pub(super) fn try_push(&mut self, chunk: &Bytes) -> Result<(), Overflow> {
         let len = chunk.len();
-        match self.recorded.checked_add(len) {
-            Some(recorded) if recorded <= self.limits.per_call => {}
+        let recorded = match self.recorded.checked_add(len) {
+            Some(recorded) if recorded <= self.limits.per_call => recorded,
             _ => return Err(Overflow::PerCall),
-        }
+        };
         if !self.limits.try_reserve(len) {
             return Err(Overflow::Total);
         }
-        self.recorded = self.recorded.saturating_add(len);
+        self.recorded = recorded;
+        // `held <= recorded`, so this cannot overflow either.
         self.held = self.held.saturating_add(len);
-        self.end_offset = self
-            .end_offset
-            .saturating_add(u64::try_from(len).unwrap_or(u64::MAX));
         self.chunks.push_back(chunk.clone());
         Ok(())
     }
@@ -216,7 +249,7 @@ impl Record {
     /// they were, so a reader past the end stays past the end.
     pub(super) fn free_all(&mut self) {
         self.first = self.end();
-        self.chunks = VecDeque::new();
+        self.chunks = Chunks::default();
         let held = self.held;
         self.give_back(held);
     }
@@ -294,6 +327,33 @@ mod tests {
         first.free_all();
         assert_eq!(limits.in_use(), 1);
         assert_eq!(first.held(), 0);
+    }
+
+    #[test]
+    fn a_single_chunk_is_held_inline_and_order_is_kept_around_it() {
+        let limits = BufferLimits::new(100, 100);
+        let mut record = Record::new(limits.clone());
+        assert_eq!(record.try_push(&Bytes::from_static(b"a")), Ok(()));
+        assert_eq!(
+            record.chunks.rest.capacity(),
+            0,
+            "one chunk allocates nothing"
+        );
+        assert_eq!(record.try_push(&Bytes::from_static(b"bb")), Ok(()));
+        record.free_before(1);
+        assert_eq!(record.try_push(&Bytes::from_static(b"ccc")), Ok(()));
+        assert_eq!(record.get(0), None);
+        assert_eq!(record.get(1).map(|b| &b[..]), Some(&b"bb"[..]));
+        assert_eq!(record.get(2).map(|b| &b[..]), Some(&b"ccc"[..]));
+        assert_eq!(record.get(3), None);
+        assert_eq!((record.end(), record.end_offset()), (3, 6));
+        assert_eq!(limits.in_use(), 5);
+        record.free_before(3);
+        assert_eq!(limits.in_use(), 0);
+        // Emptied, the record holds the next chunk inline again.
+        assert_eq!(record.try_push(&Bytes::from_static(b"d")), Ok(()));
+        assert_eq!(record.get(3).map(|b| &b[..]), Some(&b"d"[..]));
+        assert_eq!(record.end(), 4);
     }
 
     #[test]

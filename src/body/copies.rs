@@ -132,7 +132,8 @@ macro_rules! recorded_via_replay_body {
             type Copies = Recorded<$body, $body>;
 
             fn prepare(self, limits: &BufferLimits) -> Result<Self::Copies, Self> {
-                let template = ReplayBody::try_new(self, limits)?;
+                // Boxed bodies are `Unpin`: the replay body holds them with no box of its own.
+                let template = ReplayBody::try_new_unpin(self, limits)?;
                 Ok(Recorded { template, wrap: $wrap })
             }
         }

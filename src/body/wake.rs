@@ -11,8 +11,11 @@ use std::task::{Wake, Waker};
 /// A body remembers only the waker of its last poll. When two readers wait at the front and
 /// the source is polled by each in turn, the first one's waker would be lost; and if the reader
 /// that polled last is then dropped, or its task stops polling it (hyper waits for HTTP/2 send
-/// capacity before it polls a body), nobody would be woken at all. So the source is always
-/// polled with a waker made from this set, and waking it wakes every waiting reader.
+/// capacity before it polls a body), nobody would be woken at all. So once any reader has had
+/// to wait, the source is always polled with a waker made from this set, and waking it wakes
+/// every waiting reader. The set is made by the first poll that returns `Pending` (a source
+/// that is always ready never needs it); until then the source is polled with the polling
+/// reader's own waker, which is then the only one a wake must reach.
 ///
 /// A reader registers only once the source has returned `Pending`, so that the common case
 /// (the source is ready, no one waits) costs no lock; [`Waiters::wakes`] and
