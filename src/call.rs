@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use crate::body::{BufferLimits, Copies, Replay};
 use crate::grpc_timeout;
-use crate::metadata::{AttemptInfo, Attempts, GRPC_PREVIOUS_RPC_ATTEMPTS, TriedBackends};
+use crate::metadata::{AttemptInfo, Attempts, GRPC_PREVIOUS_RPC_ATTEMPTS_NAME, TriedBackends};
 
 /// Whether a request is a gRPC call: its content type is `application/grpc` or
 /// `application/grpc+<codec>`.
@@ -144,13 +144,19 @@ impl<B: Replay> Call<B> {
     fn mark_headers(&self, headers: &mut http::HeaderMap) {
         if self.grpc {
             if self.sent > 0 {
-                headers.insert(GRPC_PREVIOUS_RPC_ATTEMPTS, HeaderValue::from(self.sent));
+                headers.insert(
+                    GRPC_PREVIOUS_RPC_ATTEMPTS_NAME,
+                    HeaderValue::from(self.sent),
+                );
             }
             // The first attempt keeps the caller's own `grpc-timeout`: re-encoding the same
             // value would only cost an allocation.
             let keep = self.sent == 0 && self.header_timeout;
             if !keep && let Some(remaining) = self.remaining(Instant::now()) {
-                headers.insert(grpc_timeout::GRPC_TIMEOUT, grpc_timeout::encode(remaining));
+                headers.insert(
+                    grpc_timeout::GRPC_TIMEOUT_NAME,
+                    grpc_timeout::encode(remaining),
+                );
             }
         }
     }
@@ -196,7 +202,7 @@ pub(crate) fn annotate<RB>(
         if grpc {
             response
                 .headers_mut()
-                .insert(GRPC_PREVIOUS_RPC_ATTEMPTS, HeaderValue::from(sent - 1));
+                .insert(GRPC_PREVIOUS_RPC_ATTEMPTS_NAME, HeaderValue::from(sent - 1));
         }
         response
             .extensions_mut()

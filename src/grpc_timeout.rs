@@ -43,7 +43,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use http::{HeaderMap, HeaderValue};
+//! use http::{HeaderMap, HeaderName, HeaderValue};
 //! use tower_retry_hedge::grpc_timeout::{self, GRPC_TIMEOUT};
 //!
 //! let mut headers = HeaderMap::new();
@@ -59,10 +59,13 @@
 
 use std::time::Duration;
 
-use http::{HeaderMap, HeaderValue};
+use http::{HeaderMap, HeaderName, HeaderValue};
 
 /// The gRPC request header that carries the call's timeout.
 pub const GRPC_TIMEOUT: &str = "grpc-timeout";
+
+/// [`GRPC_TIMEOUT`] as a header name: looking a `&str` up parses it on every call.
+pub(crate) const GRPC_TIMEOUT_NAME: HeaderName = HeaderName::from_static(GRPC_TIMEOUT);
 
 /// The longest timeout the format can carry, `99999999H` (about 11,400 years).
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(MAX_VALUE * 3600);
@@ -124,7 +127,7 @@ pub fn parse(value: &HeaderValue) -> Option<Duration> {
 ///
 /// ```
 /// use std::time::Duration;
-/// use http::{HeaderMap, HeaderValue};
+/// use http::{HeaderMap, HeaderName, HeaderValue};
 /// use tower_retry_hedge::grpc_timeout::{from_headers, GRPC_TIMEOUT};
 ///
 /// let mut headers = HeaderMap::new();
@@ -134,7 +137,7 @@ pub fn parse(value: &HeaderValue) -> Option<Duration> {
 /// assert_eq!(from_headers(&headers), Some(Duration::from_secs(5)));
 /// ```
 pub fn from_headers(headers: &HeaderMap) -> Option<Duration> {
-    headers.get(GRPC_TIMEOUT).and_then(parse)
+    headers.get(GRPC_TIMEOUT_NAME).and_then(parse)
 }
 
 /// Encodes `timeout` as a `grpc-timeout` value in the shortest valid form.

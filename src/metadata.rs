@@ -25,6 +25,10 @@
 /// The header that tells a server how many attempts preceded this one (gRFC A6).
 pub const GRPC_PREVIOUS_RPC_ATTEMPTS: &str = "grpc-previous-rpc-attempts";
 
+/// [`GRPC_PREVIOUS_RPC_ATTEMPTS`] as a header name: inserting by `&str` parses it each time.
+pub(crate) const GRPC_PREVIOUS_RPC_ATTEMPTS_NAME: http::HeaderName =
+    http::HeaderName::from_static(GRPC_PREVIOUS_RPC_ATTEMPTS);
+
 /// How many attempts a call made: a response extension, present when more than one attempt
 /// was sent. Its [`Default`] is a single attempt, so with tonic's extensions:
 /// `response.extensions().get::<Attempts>().copied().unwrap_or_default()`.
