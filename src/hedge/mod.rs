@@ -175,9 +175,10 @@ where
             timeout,
             track_backends,
         );
-        let clone = self.inner.clone();
-        let mut service = std::mem::replace(&mut self.inner, clone);
-        let future = service.call(first);
+        // As in the retry layer: the ready service takes the first attempt and stays warm in
+        // `self`; the call keeps a clone for its hedges.
+        let future = self.inner.call(first);
+        let service = self.inner.clone();
         ResponseFuture::hedging(Hedging::new(
             HedgingParts {
                 service,

@@ -37,8 +37,8 @@
 //! # `poll_ready` and cloned services
 //!
 //! The first attempt goes to the service that [`poll_ready`](tower_service::Service::poll_ready)
-//! made ready: [`Retry::call`] swaps a clone of it into `self` and moves the ready one into the
-//! response future. Before each later attempt the future polls its service ready again, so a
+//! made ready, which stays in `self` for the next call; the response future keeps a clone of
+//! it for the later attempts. Before each later attempt the future polls its clone ready, so a
 //! buffer or a concurrency limit below sees every attempt as a request of its own and no
 //! capacity is taken while the future waits out a backoff.
 //!
@@ -226,10 +226,12 @@ where
         let per_attempt_timeout = policy.per_attempt_timeout;
         let (call, first, _reader) =
             Call::start(request, self.policies.buffer_limits(), timeout, false);
-        // The ready service takes the first attempt; a clone stays behind for the next call.
-        let clone = self.inner.clone();
-        let mut service = std::mem::replace(&mut self.inner, clone);
-        let future = service.call(first);
+        // The ready service takes the first attempt and stays in `self`, warm for the next
+        // call; the call keeps a clone for its later attempts. (Swapping the clone into
+        // `self` instead would leave every call a cold service: a tonic `Channel` clone
+        // allocates again for its first `poll_ready`.)
+        let future = self.inner.call(first);
+        let service = self.inner.clone();
         let start = Start {
             service,
             call,
