@@ -1,7 +1,10 @@
 //! Throughput over real loopback connections, with and without the retry layer (a policy for
 //! the method, no failures): what the layer costs a client that actually talks to a server.
 //!
-//! Two pairs, each in one multi-thread tokio runtime that runs both server and client:
+//! Two pairs. Each server runs on a thread of its own (a current-thread tokio runtime) and the
+//! client on the main thread (another), as a client and a server in two processes would: with
+//! one multi-thread runtime for both, the rate flipped between two modes (about 2× apart) from
+//! run to run, depending on how the runtime happened to spread the tasks over its workers.
 //! - hyper: an HTTP/2 echo server (`hyper::server::conn::http2`) and hyper-util's legacy
 //!   client (HTTP/2 only, one connection), `http::Request<Full<Bytes>>` of 64 bytes;
 //! - tonic (with `--features tonic`): the test echo service (`tests/common/pb`) and a
@@ -9,7 +12,7 @@
 //!
 //! Each measurement sends 20 000 requests, 8 in flight (8 tasks, each calling in a loop),
 //! after 1 000 warm-up requests on a fresh client and connection. Each configuration is
-//! measured 3 times, alternating which one goes first; the table gives every run, the median,
+//! measured 5 times, alternating which one goes first; the table gives every run, the median,
 //! and the ratio of the medians (with the layer / without). It also gives the process's CPU
 //! time per request (client and server together), which other processes on a loaded machine
 //! disturb less than the rate: the layer's cost shows there as extra CPU per request.
@@ -53,7 +56,7 @@ fn in_flight() -> usize {
         .unwrap_or(IN_FLIGHT)
 }
 const WARM_UP: usize = 1_000;
-const RUNS: usize = 3;
+const RUNS: usize = 5;
 const PAYLOAD: [u8; 64] = [b'x'; 64];
 
 /// Makes one call and checks its answer.
@@ -160,11 +163,47 @@ async fn echo(request: Request<Incoming>) -> Result<Response<Full<Bytes>>, hyper
     Ok(Response::new(Full::new(body)))
 }
 
-/// An HTTP/2 echo server on 127.0.0.1; runs until the task is aborted.
-async fn spawn_hyper_server() -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
-    let listener = TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    let server = tokio::spawn(async move {
+/// Runs `serve` on a thread of its own with a current-thread runtime, and returns the address
+/// of the listener it was given (127.0.0.1, port 0). The thread lives as long as the process.
+fn serve_on_own_thread<F, Fut>(serve: F) -> std::io::Result<SocketAddr>
+where
+    F: FnOnce(TcpListener) -> Fut + Send + 'static,
+    Fut: Future<Output = ()>,
+{
+    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("loopback-server".into())
+        .spawn(move || {
+            let runtime = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(runtime) => runtime,
+                Err(error) => {
+                    let _ = addr_tx.send(Err(error));
+                    return;
+                }
+            };
+            runtime.block_on(async move {
+                let listener = match TcpListener::bind("127.0.0.1:0").await {
+                    Ok(listener) => listener,
+                    Err(error) => {
+                        let _ = addr_tx.send(Err(error));
+                        return;
+                    }
+                };
+                let _ = addr_tx.send(listener.local_addr());
+                serve(listener).await;
+            });
+        })?;
+    addr_rx
+        .recv()
+        .map_err(|_| std::io::Error::other("the server thread ended before listening"))?
+}
+
+/// An HTTP/2 echo server on 127.0.0.1, on its own thread.
+fn spawn_hyper_server() -> std::io::Result<SocketAddr> {
+    serve_on_own_thread(|listener| async move {
         let mut connections = JoinSet::new();
         while let Ok((stream, _)) = listener.accept().await {
             let _ = stream.set_nodelay(true);
@@ -175,8 +214,7 @@ async fn spawn_hyper_server() -> std::io::Result<(SocketAddr, tokio::task::JoinH
                     .await;
             });
         }
-    });
-    Ok((addr, server))
+    })
 }
 
 fn hyper_client() -> Client<HttpConnector, Full<Bytes>> {
@@ -244,7 +282,7 @@ fn http_policies() -> Policies {
 }
 
 async fn hyper_pair() -> std::io::Result<()> {
-    let (addr, server) = spawn_hyper_server().await?;
+    let addr = spawn_hyper_server()?;
     let uri: http::Uri = format!("http://{addr}/echo").parse().expect("valid uri");
     let policies = http_policies();
     compare(
@@ -259,7 +297,6 @@ async fn hyper_pair() -> std::io::Result<()> {
         },
     )
     .await;
-    server.abort();
     Ok(())
 }
 
@@ -368,21 +405,20 @@ mod grpc {
     }
 
     pub(super) async fn tonic_pair() -> std::io::Result<()> {
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
-        let addr = listener.local_addr()?;
-        // Without TCP_NODELAY on the server's side too, Nagle's algorithm and delayed ACKs
-        // would hold small responses back and measure the kernel, not the client.
-        let incoming = TcpListenerStream::new(listener).map(|connection| {
-            connection.and_then(|stream| {
-                stream.set_nodelay(true)?;
-                Ok(stream)
-            })
-        });
-        let server = tokio::spawn(
-            Server::builder()
+        let addr = serve_on_own_thread(|listener| async move {
+            // Without TCP_NODELAY on the server's side too, Nagle's algorithm and delayed
+            // ACKs would hold small responses back and measure the kernel, not the client.
+            let incoming = TcpListenerStream::new(listener).map(|connection| {
+                connection.and_then(|stream| {
+                    stream.set_nodelay(true)?;
+                    Ok(stream)
+                })
+            });
+            let _ = Server::builder()
                 .add_service(EchoServer::new(Echoer))
-                .serve_with_incoming(incoming),
-        );
+                .serve_with_incoming(incoming)
+                .await;
+        })?;
         let policies = policies();
         compare(
             "tonic",
@@ -396,20 +432,18 @@ mod grpc {
             },
         )
         .await;
-        server.abort();
         Ok(())
     }
 }
 
 fn main() -> std::io::Result<()> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     runtime.block_on(async {
         println!(
-            "\n{REQUESTS} requests, {} in flight, {} worker threads; requests/s\n",
+            "\n{REQUESTS} requests, {} in flight; client and server on a thread each; requests/s\n",
             in_flight(),
-            std::thread::available_parallelism().map_or(0, |n| n.get())
         );
         println!(
             "| pair | configuration | runs (req/s) | median req/s | ratio | median CPU µs/req | CPU ratio |"
