@@ -739,6 +739,18 @@ impl Policies {
         }
     }
 
+    /// The throttle a call counts against: its authority's (from
+    /// [`authority_throttle`](Self::authority_throttle)), else the shared one.
+    pub(crate) fn call_throttle<'a>(
+        &'a self,
+        authority: Option<&'a ThrottleHandle>,
+    ) -> Option<&'a dyn RetryThrottle> {
+        match authority {
+            Some(throttle) => Some(&**throttle),
+            None => self.shared_throttle().map(|throttle| &**throttle),
+        }
+    }
+
     /// The throttle of a request's authority, when the table keeps one per authority.
     pub(crate) fn authority_throttle<B>(&self, request: &Request<B>) -> Option<ThrottleHandle> {
         match &self.0.throttle {

@@ -302,10 +302,7 @@ where
         let Some(policy) = policies.hedge_policy(*this.index) else {
             return Poll::Ready(Err(no_result()));
         };
-        let throttle = this
-            .authority_throttle
-            .as_deref()
-            .or(policies.shared_throttle().map(|t| &**t));
+        let throttle = policies.call_throttle(this.authority_throttle.as_ref());
         let _enter = this.span.enter();
         if let Some(deadline) = this.deadline.as_mut().as_pin_mut()
             && deadline.poll(cx).is_ready()

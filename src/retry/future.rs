@@ -107,9 +107,8 @@ impl<S, B: Replay> Start<S, B> {
     }
 
     fn throttle(&self) -> Option<&dyn RetryThrottle> {
-        self.authority_throttle
-            .as_deref()
-            .or(self.policies.shared_throttle().map(|t| &**t))
+        self.policies
+            .call_throttle(self.authority_throttle.as_ref())
     }
 
     /// What the retry engine needs, taken out of the table.

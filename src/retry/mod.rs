@@ -210,10 +210,7 @@ where
         };
         // The shared throttle is read through the table; only a per-authority one is kept.
         let authority_throttle = self.policies.authority_throttle(&request);
-        if let Some(throttle) = authority_throttle
-            .as_deref()
-            .or(self.policies.shared_throttle().map(|t| &**t))
-        {
+        if let Some(throttle) = self.policies.call_throttle(authority_throttle.as_ref()) {
             throttle.on_call();
         }
         let span = tracing::debug_span!(
