@@ -8,7 +8,7 @@ use bytes::Bytes;
 use http::{HeaderValue, Request, Response, StatusCode};
 use http_body_util::Full;
 use tokio::time::Instant;
-use tower::{Layer, ServiceExt};
+use tower::{Layer, Service, ServiceExt};
 use tower_retry_hedge::classify::{Code, HttpStatuses};
 use tower_retry_hedge::metadata::{AttemptInfo, Attempts};
 use tower_retry_hedge::policy::Route;
@@ -687,4 +687,77 @@ async fn pushback_above_the_client_cap_stops_instead_of_parking_the_call() {
     let (_, second) = answer(&mut handle, grpc_ok()).await;
     assert_eq!(second - first, Duration::from_secs(1));
     call.await.unwrap().unwrap();
+}
+
+/// A service whose clones each remember whether they were polled ready, like a tower
+/// `Buffer` (a tonic `Channel`): a clone starts cold, its first `poll_ready` costs (here,
+/// counted), and calling a clone that is not ready is a bug.
+struct ReadyTracked {
+    ready: bool,
+    warmed_up: bool,
+    cold_polls: Arc<AtomicUsize>,
+    answers: Arc<std::sync::Mutex<std::collections::VecDeque<Res>>>,
+}
+
+impl Clone for ReadyTracked {
+    fn clone(&self) -> Self {
+        ReadyTracked {
+            ready: false,
+            warmed_up: false,
+            cold_polls: self.cold_polls.clone(),
+            answers: self.answers.clone(),
+        }
+    }
+}
+
+impl tower::Service<Req> for ReadyTracked {
+    type Response = Res;
+    type Error = BoxError;
+    type Future = std::future::Ready<Result<Res, BoxError>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), BoxError>> {
+        if !self.warmed_up {
+            self.warmed_up = true;
+            self.cold_polls.fetch_add(1, Ordering::SeqCst);
+        }
+        self.ready = true;
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: Req) -> Self::Future {
+        assert!(self.ready, "called without poll_ready");
+        self.ready = false;
+        let answer = self.answers.lock().unwrap().pop_front();
+        std::future::ready(Ok(answer.unwrap_or_else(grpc_ok)))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_ready_service_stays_in_the_layer_and_calls_retry_on_a_clone() {
+    let cold_polls = Arc::new(AtomicUsize::new(0));
+    let answers = Arc::new(std::sync::Mutex::new(std::collections::VecDeque::new()));
+    let inner = ReadyTracked {
+        ready: false,
+        warmed_up: false,
+        cold_polls: cold_polls.clone(),
+        answers: answers.clone(),
+    };
+    let mut svc = RetryLayer::new(policies(policy(3))).layer(inner);
+    // Ten successful calls on one layer: only the layer's own service is ever warmed up.
+    for _ in 0..10 {
+        let response = svc.ready().await.unwrap().call(grpc_request("x")).await;
+        assert_eq!(attempts(&response.unwrap()).sent(), 1);
+    }
+    assert_eq!(cold_polls.load(Ordering::SeqCst), 1);
+    // A retry goes to the call's clone, which is polled ready before it is called.
+    answers
+        .lock()
+        .unwrap()
+        .push_back(trailers_only(Code::Unavailable, None));
+    let response = svc.ready().await.unwrap().call(grpc_request("x")).await;
+    assert_eq!(attempts(&response.unwrap()).sent(), 2);
+    assert_eq!(cold_polls.load(Ordering::SeqCst), 2);
 }
