@@ -90,8 +90,9 @@ pin_project! {
 /// What a call with a retry policy starts from. Cheap to make: the policy, the shared
 /// throttle and the statistics are all reached through the one table reference.
 pub(crate) struct Start<S, B: Replay> {
-    // A clone of the inner service, for the attempts after the first.
-    pub(crate) service: S,
+    // The layer's spare clone of the inner service: a call that retries clones it for its
+    // later attempts; a call that does not pays one reference count instead of a clone.
+    pub(crate) spare: Arc<std::sync::Mutex<S>>,
     pub(crate) call: Call<B>,
     pub(crate) policies: Policies,
     // Where the call's retry policy is in `policies`.
@@ -101,7 +102,7 @@ pub(crate) struct Start<S, B: Replay> {
     pub(crate) span: tracing::Span,
 }
 
-impl<S, B: Replay> Start<S, B> {
+impl<S: Clone, B: Replay> Start<S, B> {
     fn policy(&self) -> Option<&Arc<RetryPolicy>> {
         self.policies.retry_policy(self.index)
     }
@@ -121,7 +122,14 @@ impl<S, B: Replay> Start<S, B> {
                 .map(ThrottleHandle::Shared)
         });
         Some(RetryingParts {
-            service: self.service,
+            service: {
+                // A panic while the lock was held cannot leave a service half cloned.
+                let spare = self
+                    .spare
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                S::clone(&spare)
+            },
             call: self.call,
             policy,
             throttle,
@@ -141,7 +149,7 @@ pub(crate) struct Credit {
 
 impl<S, B> ResponseFuture<S, B>
 where
-    S: Service<Request<B>>,
+    S: Service<Request<B>> + Clone,
     B: Replay,
 {
     pub(crate) fn passthrough(future: S::Future, credit: Option<Credit>) -> Self {
@@ -200,7 +208,7 @@ where
 
 impl<S, B, RB> Future for ResponseFuture<S, B>
 where
-    S: Service<Request<B>, Response = Response<RB>>,
+    S: Service<Request<B>, Response = Response<RB>> + Clone,
     S::Error: Into<BoxError>,
     B: Replay,
 {
@@ -251,7 +259,7 @@ fn poll_first<S, B, RB>(
     cx: &mut Context<'_>,
 ) -> FirstStep<S, B, RB>
 where
-    S: Service<Request<B>, Response = Response<RB>>,
+    S: Service<Request<B>, Response = Response<RB>> + Clone,
     S::Error: Into<BoxError>,
     B: Replay,
 {

@@ -37,10 +37,12 @@
 //! # `poll_ready` and cloned services
 //!
 //! The first attempt goes to the service that [`poll_ready`](tower_service::Service::poll_ready)
-//! made ready, which stays in `self` for the next call; the response future keeps a clone of
-//! it for the later attempts. Before each later attempt the future polls its clone ready, so a
-//! buffer or a concurrency limit below sees every attempt as a request of its own and no
-//! capacity is taken while the future waits out a backoff.
+//! made ready, which stays in `self` for the next call. At its first call the layer also keeps
+//! a spare clone of the service, shared by its calls; a call that retries clones the spare for
+//! its later attempts, and a call that does not clones nothing (a clone per call would cost a
+//! tonic `Channel` an allocation and a `poll_ready` from cold). Before each later attempt the
+//! future polls its clone ready, so a buffer or a concurrency limit below sees every attempt
+//! as a request of its own and no capacity is taken while the future waits out a backoff.
 //!
 //! # Examples
 //!
@@ -124,6 +126,7 @@
 mod future;
 mod layer;
 
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use http::{Request, Response};
@@ -142,13 +145,20 @@ use crate::policy::{MethodPolicy, Policies};
 #[derive(Debug, Clone)]
 pub struct Retry<S> {
     inner: S,
+    // A clone of `inner` made at the first call, which calls clone again only when they
+    // retry: a clone per call costs real services (a tonic `Channel`) an allocation.
+    spare: Option<Arc<Mutex<S>>>,
     policies: Policies,
 }
 
 impl<S> Retry<S> {
     /// Wraps `inner`.
     pub fn new(inner: S, policies: Policies) -> Retry<S> {
-        Retry { inner, policies }
+        Retry {
+            inner,
+            spare: None,
+            policies,
+        }
     }
 
     /// The inner service.
@@ -156,7 +166,8 @@ impl<S> Retry<S> {
         &self.inner
     }
 
-    /// The inner service, mutably.
+    /// The inner service, mutably. Later attempts are made on clones of the spare taken at
+    /// the first call (see [the module docs](self)), which a change made here does not reach.
     pub fn get_mut(&mut self) -> &mut S {
         &mut self.inner
     }
@@ -228,9 +239,12 @@ where
         // `self` instead would leave every call a cold service: a tonic `Channel` clone
         // allocates again for its first `poll_ready`.)
         let future = self.inner.call(first);
-        let service = self.inner.clone();
+        let inner = &self.inner;
+        let spare = self
+            .spare
+            .get_or_insert_with(|| Arc::new(Mutex::new(inner.clone())));
         let start = Start {
-            service,
+            spare: Arc::clone(spare),
             call,
             policies: self.policies.clone(),
             index,
