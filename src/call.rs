@@ -116,11 +116,6 @@ impl<B: Replay> Call<B> {
         }
     }
 
-    /// Time left before the deadline, if there is one.
-    pub(crate) fn remaining(&self, now: Instant) -> Option<Duration> {
-        self.deadline.map(|d| d.saturating_duration_since(now))
-    }
-
     /// The request for the next attempt and the id of its body's reader, or `None` when no
     /// new attempt may start (the body outgrew the buffer, or could only be sent once).
     pub(crate) fn next_request(&mut self, hedge: bool) -> Option<(Request<B>, u64)> {
@@ -152,7 +147,9 @@ impl<B: Replay> Call<B> {
             // The first attempt keeps the caller's own `grpc-timeout`: re-encoding the same
             // value would only cost an allocation.
             let keep = self.sent == 0 && self.header_timeout;
-            if !keep && let Some(remaining) = self.remaining(Instant::now()) {
+            // The clock is read only when there is a deadline to measure against.
+            if !keep && let Some(deadline) = self.deadline {
+                let remaining = deadline.saturating_duration_since(Instant::now());
                 headers.insert(
                     grpc_timeout::GRPC_TIMEOUT_NAME,
                     grpc_timeout::encode(remaining),

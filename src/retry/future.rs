@@ -786,8 +786,8 @@ fn decide<B: Replay>(outcome: Outcome, ctx: Ctx<'_, B>) -> Decision {
         stats.record_retry_failure();
     }
     // The clock is read only when a delay must fit before the deadline: a success needs none.
-    let fits = |delay: Duration| match ctx.call.remaining(Instant::now()) {
-        Some(remaining) => delay < remaining,
+    let fits = |delay: Duration| match ctx.call.deadline {
+        Some(deadline) => delay < deadline.saturating_duration_since(Instant::now()),
         None => true,
     };
     match outcome {
