@@ -301,11 +301,16 @@ where
                 return FirstStep::Pending;
             }
             timer.set(None);
-            if start
-                .call
-                .deadline
-                .is_some_and(|deadline| Instant::now() >= deadline)
-            {
+            // The timer was set to the earlier of the two: without a per-attempt timeout, or
+            // with one no earlier than the deadline, it was the deadline that fired.
+            let deadline_passed = match (start.call.deadline, *state.attempt_deadline) {
+                (Some(deadline), Some(attempt)) => {
+                    deadline <= attempt || Instant::now() >= deadline
+                }
+                (Some(_), None) => true,
+                (None, _) => false,
+            };
+            if deadline_passed {
                 tracing::debug!(attempts = start.call.sent, "deadline exceeded");
                 return FirstStep::DeadlineExceeded(start.call.grpc);
             }

@@ -454,3 +454,55 @@ async fn a_fatal_answer_of_the_slow_attempt_ends_a_hedge_on_timeout_call() {
     assert_eq!(svc.started(), 2);
     assert_eq!(svc.cancelled(), 1, "the hanging hedge is cancelled");
 }
+
+#[tokio::test(start_paused = true)]
+async fn per_attempt_timeouts_run_until_the_deadline() {
+    // Every attempt would take 1 s. Attempts time out at 100 ms each, 10 ms apart; the third
+    // is cut by the call's deadline at 250 ms.
+    let svc = Scripted::new(|_| (ms(1000), 200, vec![]));
+    let policy = http_policy()
+        .per_attempt_timeout(ms(100))
+        .timeout(ms(250))
+        .build()
+        .unwrap();
+    let started = Instant::now();
+    let error = layer(policy)
+        .layer(svc.clone())
+        .oneshot(get())
+        .await
+        .unwrap_err();
+    assert!(
+        error
+            .downcast_ref::<tower_retry_hedge::error::DeadlineExceeded>()
+            .is_some(),
+        "{error}"
+    );
+    assert_eq!(started.elapsed(), ms(250));
+    assert_eq!(svc.started(), 3);
+    assert_eq!(svc.cancelled(), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_deadline_before_the_per_attempt_timeout_ends_the_first_attempt() {
+    let svc = Scripted::new(|_| (ms(1000), 200, vec![]));
+    let policy = http_policy()
+        .per_attempt_timeout(ms(500))
+        .timeout(ms(200))
+        .build()
+        .unwrap();
+    let started = Instant::now();
+    let error = layer(policy)
+        .layer(svc.clone())
+        .oneshot(get())
+        .await
+        .unwrap_err();
+    assert!(
+        error
+            .downcast_ref::<tower_retry_hedge::error::DeadlineExceeded>()
+            .is_some(),
+        "{error}"
+    );
+    assert_eq!(started.elapsed(), ms(200));
+    assert_eq!(svc.started(), 1);
+    assert_eq!(svc.cancelled(), 1);
+}
