@@ -682,6 +682,11 @@ impl Policies {
             .and_then(|index| self.0.entries.get(index))
     }
 
+    /// The policy for a request.
+    pub fn lookup_request<B>(&self, request: &Request<B>) -> Option<&MethodPolicy> {
+        self.lookup(request.method(), request.uri().path())
+    }
+
     /// The policy at `index`, as given by [`lookup_index`](Self::lookup_index).
     pub(crate) fn entry(&self, index: usize) -> Option<&MethodPolicy> {
         self.0.entries.get(index)

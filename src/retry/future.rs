@@ -55,7 +55,6 @@ pin_project! {
         First {
             #[pin]
             future: S::Future,
-            #[pin]
             state: FirstState<S, B>,
         },
         // A call with a retry policy past its first attempt.
@@ -64,27 +63,22 @@ pin_project! {
         Retrying {
             retrying: Pin<Box<Retrying<S, B>>>,
         },
-        // The call ended on its deadline during the first attempt; the attempt is dropped.
+        // The call ended during its first attempt (on its deadline; the attempt is dropped),
+        // or its policy was missing from the table (never expected).
         Finished,
     }
 }
 
-pin_project! {
-    /// The first attempt's timer, and what it keeps for the attempts that may follow it.
-    pub(crate) struct FirstState<S, B>
-    where
-        S: Service<Request<B>>,
-        B: Replay,
-    {
-        // Fires at the call's deadline or the attempt's timeout, whichever comes first;
-        // armed only once the attempt is pending.
-        #[pin]
-        timer: Option<Sleep>,
-        // When the first attempt times out, with a per-attempt timeout.
-        attempt_deadline: Option<Instant>,
-        // Taken when the retry engine takes over.
-        start: Option<Start<S, B>>,
-    }
+/// The first attempt's timer, and what it keeps for the attempts that may follow it.
+pub(crate) struct FirstState<S, B: Replay> {
+    // Fires at the call's deadline or the attempt's timeout, whichever comes first; made
+    // only once the attempt is pending. Boxed, so that the response future stays `Unpin`
+    // whenever the inner future is.
+    timer: Option<Pin<Box<Sleep>>>,
+    // When the first attempt times out, with a per-attempt timeout.
+    attempt_deadline: Option<Instant>,
+    // Taken when the retry engine takes over.
+    start: Option<Start<S, B>>,
 }
 
 /// What a call with a retry policy starts from. Cheap to make: the policy, the shared
@@ -252,10 +246,10 @@ where
 }
 
 /// Polls the first attempt of a call with a retry policy. A success is returned from here;
-/// anything else hands the call to the retry engine.
+/// anything else hands the call to the retry engine, with the attempt's outcome.
 fn poll_first<S, B, RB>(
     future: Pin<&mut S::Future>,
-    state: Pin<&mut FirstState<S, B>>,
+    state: &mut FirstState<S, B>,
     cx: &mut Context<'_>,
 ) -> FirstStep<S, B, RB>
 where
@@ -263,7 +257,6 @@ where
     S::Error: Into<BoxError>,
     B: Replay,
 {
-    let state = state.project();
     let Some(start) = state.start.as_ref() else {
         return FirstStep::Return(Err(no_result()));
     };
@@ -271,57 +264,76 @@ where
         return FirstStep::Return(Err(no_result()));
     };
     let _enter = start.span.enter();
-    let (result, timed_out) = match future.poll(cx) {
+    let (deadline, attempt_deadline) = (start.call.deadline, state.attempt_deadline);
+    // As in the engine: the deadline wins over an answer that is ready in the same poll, and
+    // an answer wins over the attempt's own timeout.
+    let mut attempt_expired = false;
+    if let Some(timer) = state.timer.as_mut()
+        && timer.as_mut().poll(cx).is_ready()
+    {
+        state.timer = None;
+        if deadline_passed(deadline, attempt_deadline) {
+            tracing::debug!(attempts = start.call.sent, "deadline exceeded");
+            return FirstStep::DeadlineExceeded(start.call.grpc);
+        }
+        attempt_expired = true;
+    }
+    let (result, outcome) = match future.poll(cx) {
         Poll::Ready(result) => {
             let result = result.map_err(Into::into);
-            if classify(&policy.classifier, &result) == Outcome::Success {
+            let outcome = classify(&policy.classifier, &result);
+            if outcome == Outcome::Success {
                 if let Some(throttle) = start.throttle() {
                     throttle.on_success();
                 }
                 // One attempt: nothing to annotate (see `annotate`).
                 return FirstStep::Return(result);
             }
-            (result, false)
+            (result, outcome)
         }
         Poll::Pending => {
-            let mut timer = state.timer;
-            if timer.is_none() {
-                let wake_at = match (start.call.deadline, *state.attempt_deadline) {
+            if !attempt_expired {
+                if state.timer.is_some() {
+                    // Polled above, and not due.
+                    return FirstStep::Pending;
+                }
+                let wake_at = match (deadline, attempt_deadline) {
                     (Some(a), Some(b)) => a.min(b),
                     (Some(at), None) | (None, Some(at)) => at,
                     (None, None) => return FirstStep::Pending,
                 };
-                timer.set(Some(tokio::time::sleep_until(wake_at)));
-            }
-            let fired = timer
-                .as_mut()
-                .as_pin_mut()
-                .is_some_and(|timer| timer.poll(cx).is_ready());
-            if !fired {
-                return FirstStep::Pending;
-            }
-            timer.set(None);
-            // The timer was set to the earlier of the two: without a per-attempt timeout, or
-            // with one no earlier than the deadline, it was the deadline that fired.
-            let deadline_passed = match (start.call.deadline, *state.attempt_deadline) {
-                (Some(deadline), Some(attempt)) => {
-                    deadline <= attempt || Instant::now() >= deadline
+                let mut timer = Box::pin(tokio::time::sleep_until(wake_at));
+                if timer.as_mut().poll(cx).is_pending() {
+                    state.timer = Some(timer);
+                    return FirstStep::Pending;
                 }
-                (Some(_), None) => true,
-                (None, _) => false,
-            };
-            if deadline_passed {
-                tracing::debug!(attempts = start.call.sent, "deadline exceeded");
-                return FirstStep::DeadlineExceeded(start.call.grpc);
+                if deadline_passed(deadline, attempt_deadline) {
+                    tracing::debug!(attempts = start.call.sent, "deadline exceeded");
+                    return FirstStep::DeadlineExceeded(start.call.grpc);
+                }
             }
             // The attempt's own timeout: the engine drops it (which cancels it) and decides.
-            (Err(attempt_timed_out(start.call.grpc)), true)
+            (
+                Err(attempt_timed_out(start.call.grpc)),
+                Outcome::Retryable(None),
+            )
         }
     };
     drop(_enter);
     match state.start.take().and_then(Start::into_parts) {
-        Some(parts) => FirstStep::Engine(Box::new(Retrying::after_first(parts, result, timed_out))),
+        Some(parts) => FirstStep::Engine(Box::new(Retrying::after_first(parts, result, outcome))),
         None => FirstStep::Return(Err(no_result())),
+    }
+}
+
+/// Whether the first attempt's timer, set to the earlier of the deadline and the attempt's
+/// timeout, fired for the deadline: it did when there is no per-attempt timeout, or one no
+/// earlier than the deadline, whatever the clock reads.
+fn deadline_passed(deadline: Option<Instant>, attempt_deadline: Option<Instant>) -> bool {
+    match (deadline, attempt_deadline) {
+        (Some(deadline), Some(attempt)) => deadline <= attempt || Instant::now() >= deadline,
+        (Some(_), None) => true,
+        (None, _) => false,
     }
 }
 
@@ -407,7 +419,7 @@ pin_project! {
         // The first attempt ended (its result is in `last`) before the engine took over:
         // classify it and decide.
         Decide {
-            timed_out: bool,
+            outcome: Outcome,
         },
     }
 }
@@ -448,14 +460,14 @@ where
         Self::with_state(parts, state, attempt_timer, None)
     }
 
-    /// Takes a call over after its first attempt ended with `result`, which is classified
-    /// on the first poll.
+    /// Takes a call over after its first attempt ended with `result`, classified as
+    /// `outcome`; the rules are applied on the first poll.
     fn after_first(
         parts: RetryingParts<S, B>,
         result: Result<S::Response, BoxError>,
-        timed_out: bool,
+        outcome: Outcome,
     ) -> Self {
-        Self::with_state(parts, State::Decide { timed_out }, None, Some(result))
+        Self::with_state(parts, State::Decide { outcome }, None, Some(result))
     }
 
     fn with_state(
@@ -540,16 +552,20 @@ where
                 let (sent, transparent) = (this.call.sent, *this.transparent);
                 return Poll::Ready(result.map(|r| annotate(r, sent, transparent, this.call.grpc)));
             }
-            let (result, timed_out) = match this.state.as_mut().project() {
+            // The outcome, when it is known already (a timeout, or the first attempt's).
+            let (result, known) = match this.state.as_mut().project() {
                 StateProj::Called { future } => match future.poll(cx) {
-                    Poll::Ready(result) => (result.map_err(Into::into), false),
+                    Poll::Ready(result) => (result.map_err(Into::into), None),
                     Poll::Pending => {
                         if !timer_fired(this.attempt_timer.as_mut(), cx) {
                             return Poll::Pending;
                         }
                         // Dropping the attempt cancels it.
                         this.state.set(State::Ready);
-                        (Err(attempt_timed_out(this.call.grpc)), true)
+                        (
+                            Err(attempt_timed_out(this.call.grpc)),
+                            Some(Outcome::Retryable(None)),
+                        )
                     }
                 },
                 StateProj::CalledBoxed { future } => {
@@ -558,7 +574,7 @@ where
                         continue;
                     };
                     match attempt.as_mut().poll(cx) {
-                        Poll::Ready(result) => (result.map_err(Into::into), false),
+                        Poll::Ready(result) => (result.map_err(Into::into), None),
                         Poll::Pending => {
                             if !timer_fired(this.attempt_timer.as_mut(), cx) {
                                 return Poll::Pending;
@@ -606,11 +622,11 @@ where
                         last.map(|r| annotate(r, sent, transparent, this.call.grpc)),
                     );
                 }
-                StateProj::Decide { timed_out } => {
-                    let timed_out = *timed_out;
+                StateProj::Decide { outcome } => {
+                    let outcome = *outcome;
                     this.state.set(State::Ready);
                     let result = this.last.take().unwrap_or_else(|| Err(no_result()));
-                    (result, timed_out)
+                    (result, Some(outcome))
                 }
                 StateProj::Waiting { sleep } => {
                     ready!(sleep.poll(cx));
@@ -646,11 +662,9 @@ where
                 }
             };
 
-            let outcome = if timed_out {
-                Outcome::Retryable(None)
-            } else {
-                classify(&this.policy.classifier, &result).cap_pushback(*this.max_pushback)
-            };
+            let outcome = known
+                .unwrap_or_else(|| classify(&this.policy.classifier, &result))
+                .cap_pushback(*this.max_pushback);
             let decision = decide(
                 outcome,
                 Ctx {

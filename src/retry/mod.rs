@@ -40,7 +40,8 @@
 //! made ready, which stays in `self` for the next call. At its first call the layer also keeps
 //! a spare clone of the service, shared by its calls; a call that retries clones the spare for
 //! its later attempts, and a call that does not clones nothing (a clone per call would cost a
-//! tonic `Channel` an allocation and a `poll_ready` from cold). Before each later attempt the
+//! tonic `Channel` an allocation and a `poll_ready` from cold). The exception is a policy
+//! that hedges on its per-attempt timeout, whose calls take their clone at the start. Before each later attempt the
 //! future polls its clone ready, so a buffer or a concurrency limit below sees every attempt
 //! as a request of its own and no capacity is taken while the future waits out a backoff.
 //!
@@ -235,9 +236,9 @@ where
         let (call, first, _reader) =
             Call::start(request, self.policies.buffer_limits(), timeout, false);
         // The ready service takes the first attempt and stays in `self`, warm for the next
-        // call; the call keeps a clone for its later attempts. (Swapping the clone into
-        // `self` instead would leave every call a cold service: a tonic `Channel` clone
-        // allocates again for its first `poll_ready`.)
+        // call; the call holds the shared spare and clones it only if it retries. (Swapping
+        // a clone into `self` instead would leave every call a cold service: a tonic
+        // `Channel` clone allocates again for its first `poll_ready`.)
         let future = self.inner.call(first);
         let inner = &self.inner;
         let spare = self

@@ -506,3 +506,61 @@ async fn a_deadline_before_the_per_attempt_timeout_ends_the_first_attempt() {
     assert_eq!(svc.started(), 1);
     assert_eq!(svc.cancelled(), 1);
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_answer_at_the_deadline_loses_to_the_deadline() {
+    // The first attempt answers 503 at exactly 100 ms, the call's deadline: as for any
+    // attempt, the deadline wins, and the answer does not count against the throttle.
+    let throttle = tower_retry_hedge::throttle::Throttle::new(10, 0.1).unwrap();
+    let policies = Policies::builder()
+        .route(
+            Route::prefix("/"),
+            http_policy().timeout(ms(100)).build().unwrap(),
+        )
+        .throttle(throttle.clone())
+        .build();
+    let svc = Scripted::new(|_| (ms(100), 503, vec![]));
+    let error = RetryLayer::new(policies)
+        .layer(svc.clone())
+        .oneshot(get())
+        .await
+        .unwrap_err();
+    assert!(
+        error
+            .downcast_ref::<tower_retry_hedge::error::DeadlineExceeded>()
+            .is_some(),
+        "{error}"
+    );
+    assert_eq!(svc.started(), 1);
+    assert_eq!(throttle.tokens(), 10.0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn each_attempt_is_classified_once() {
+    let calls = Arc::new(AtomicU32::new(0));
+    let counted = calls.clone();
+    let statuses = HttpStatuses::default();
+    let classifier = move |result: tower_retry_hedge::classify::AttemptResult<'_>| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        tower_retry_hedge::classify::Classify::classify(&statuses, result)
+    };
+    let policy = RetryPolicy::builder()
+        .max_attempts(4)
+        .backoff(fixed_backoff(ms(10)))
+        .retryable(classifier)
+        .build()
+        .unwrap();
+    let svc = Scripted::new(|n| (ms(5), if n == 0 { 503 } else { 200 }, vec![]));
+    let response = layer(policy)
+        .layer(svc.clone())
+        .oneshot(get())
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(svc.started(), 2);
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        2,
+        "one classification per attempt"
+    );
+}

@@ -761,3 +761,29 @@ async fn the_ready_service_stays_in_the_layer_and_calls_retry_on_a_clone() {
     assert_eq!(attempts(&response.unwrap()).sent(), 2);
     assert_eq!(cold_polls.load(Ordering::SeqCst), 2);
 }
+
+fn assert_unpin<T: Unpin>(_: &T) {}
+
+#[test]
+fn response_futures_are_unpin_when_the_inner_future_is() {
+    let inner = ReadyTracked {
+        ready: true,
+        warmed_up: true,
+        cold_polls: Arc::default(),
+        answers: Arc::default(),
+    };
+    let mut retry = RetryLayer::new(policies(policy(3))).layer(inner.clone());
+    let mut ready = inner.clone();
+    ready.ready = true;
+    *retry.get_mut() = ready;
+    assert_unpin(&retry.call(grpc_request("x")));
+    let hedge_policies = Policies::builder()
+        .method(
+            METHOD,
+            tower_retry_hedge::HedgePolicy::builder().build().unwrap(),
+        )
+        .build();
+    let mut hedge = tower_retry_hedge::HedgeLayer::new(hedge_policies).layer(inner);
+    hedge.get_mut().ready = true;
+    assert_unpin(&hedge.call(grpc_request("x")));
+}
