@@ -455,14 +455,20 @@ async fn a_fatal_answer_of_the_slow_attempt_ends_a_hedge_on_timeout_call() {
     assert_eq!(svc.cancelled(), 1, "the hanging hedge is cancelled");
 }
 
-#[tokio::test(start_paused = true)]
-async fn per_attempt_timeouts_run_until_the_deadline() {
-    // Every attempt would take 1 s. Attempts time out at 100 ms each, 10 ms apart; the third
-    // is cut by the call's deadline at 250 ms.
+fn is_deadline_exceeded(error: &BoxError) -> bool {
+    error
+        .downcast_ref::<tower_retry_hedge::error::DeadlineExceeded>()
+        .is_some()
+}
+
+/// Calls a service whose every attempt would take 1 s, with a per-attempt timeout and a
+/// deadline; checks that the call ends on its deadline, and gives how long it took and how
+/// many attempts were started and cancelled.
+async fn until_the_deadline(per_attempt: Duration, deadline: Duration) -> (Duration, u32, u32) {
     let svc = Scripted::new(|_| (ms(1000), 200, vec![]));
     let policy = http_policy()
-        .per_attempt_timeout(ms(100))
-        .timeout(ms(250))
+        .per_attempt_timeout(per_attempt)
+        .timeout(deadline)
         .build()
         .unwrap();
     let started = Instant::now();
@@ -471,40 +477,19 @@ async fn per_attempt_timeouts_run_until_the_deadline() {
         .oneshot(get())
         .await
         .unwrap_err();
-    assert!(
-        error
-            .downcast_ref::<tower_retry_hedge::error::DeadlineExceeded>()
-            .is_some(),
-        "{error}"
-    );
-    assert_eq!(started.elapsed(), ms(250));
-    assert_eq!(svc.started(), 3);
-    assert_eq!(svc.cancelled(), 3);
+    assert!(is_deadline_exceeded(&error), "{error}");
+    (started.elapsed(), svc.started(), svc.cancelled())
+}
+
+#[tokio::test(start_paused = true)]
+async fn per_attempt_timeouts_run_until_the_deadline() {
+    // Attempts time out at 100 ms each, 10 ms apart; the third is cut by the deadline.
+    assert_eq!(until_the_deadline(ms(100), ms(250)).await, (ms(250), 3, 3));
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_deadline_before_the_per_attempt_timeout_ends_the_first_attempt() {
-    let svc = Scripted::new(|_| (ms(1000), 200, vec![]));
-    let policy = http_policy()
-        .per_attempt_timeout(ms(500))
-        .timeout(ms(200))
-        .build()
-        .unwrap();
-    let started = Instant::now();
-    let error = layer(policy)
-        .layer(svc.clone())
-        .oneshot(get())
-        .await
-        .unwrap_err();
-    assert!(
-        error
-            .downcast_ref::<tower_retry_hedge::error::DeadlineExceeded>()
-            .is_some(),
-        "{error}"
-    );
-    assert_eq!(started.elapsed(), ms(200));
-    assert_eq!(svc.started(), 1);
-    assert_eq!(svc.cancelled(), 1);
+    assert_eq!(until_the_deadline(ms(500), ms(200)).await, (ms(200), 1, 1));
 }
 
 #[tokio::test(start_paused = true)]
@@ -525,12 +510,7 @@ async fn an_answer_at_the_deadline_loses_to_the_deadline() {
         .oneshot(get())
         .await
         .unwrap_err();
-    assert!(
-        error
-            .downcast_ref::<tower_retry_hedge::error::DeadlineExceeded>()
-            .is_some(),
-        "{error}"
-    );
+    assert!(is_deadline_exceeded(&error), "{error}");
     assert_eq!(svc.started(), 1);
     assert_eq!(throttle.tokens(), 10.0);
 }
