@@ -756,8 +756,19 @@ impl Policies {
         }
     }
 
+    /// Counts a call that has a policy against its throttle (a budget deposits), and gives
+    /// the throttle of the request's authority for the call to keep, when the table keeps
+    /// one per authority; the shared one is read through the table.
+    pub(crate) fn begin_call<B>(&self, request: &Request<B>) -> Option<ThrottleHandle> {
+        let authority = self.authority_throttle(request);
+        if let Some(throttle) = self.call_throttle(authority.as_ref()) {
+            throttle.on_call();
+        }
+        authority
+    }
+
     /// The throttle of a request's authority, when the table keeps one per authority.
-    pub(crate) fn authority_throttle<B>(&self, request: &Request<B>) -> Option<ThrottleHandle> {
+    fn authority_throttle<B>(&self, request: &Request<B>) -> Option<ThrottleHandle> {
         match &self.0.throttle {
             ThrottleChoice::PerAuthority(_) => self.throttle_for(request),
             _ => None,

@@ -156,11 +156,7 @@ where
             return ResponseFuture::passthrough(self.inner.call(request));
         };
         let (timeout, track_backends) = (policy.timeout, policy.track_backends);
-        // The shared throttle is read through the table; only a per-authority one is kept.
-        let authority_throttle = self.policies.authority_throttle(&request);
-        if let Some(throttle) = self.policies.call_throttle(authority_throttle.as_ref()) {
-            throttle.on_call();
-        }
+        let authority_throttle = self.policies.begin_call(&request);
         let span = tracing::debug_span!(
             "hedge",
             path = %request.uri().path(),

@@ -773,9 +773,8 @@ fn response_futures_are_unpin_when_the_inner_future_is() {
         answers: Arc::default(),
     };
     let mut retry = RetryLayer::new(policies(policy(3))).layer(inner.clone());
-    let mut ready = inner.clone();
-    ready.ready = true;
-    *retry.get_mut() = ready;
+    // A clone starts unready; the layer calls its service as `poll_ready` left it.
+    retry.get_mut().ready = true;
     assert_unpin(&retry.call(grpc_request("x")));
     let hedge_policies = Policies::builder()
         .method(
