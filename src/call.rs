@@ -215,10 +215,12 @@ pub(crate) fn no_result() -> crate::BoxError {
     "no attempt result left to return (request body could not be replayed)".into()
 }
 
-/// Arms the call's deadline timer if it is not armed yet, and tells whether it has fired.
+/// Makes a timer for `deadline` if there is none yet, and tells whether it has fired (never,
+/// without a deadline).
 ///
-/// The engines arm it only once the call has to wait: an answer on the first poll needs no
-/// timer, and registering one costs more than the rest of the success path.
+/// The engines make their timers (the call's deadline, the next hedge) only once the call
+/// has to wait: an answer on the first poll needs no timer, and registering one costs more
+/// than the rest of the success path.
 pub(crate) fn deadline_fired(
     mut timer: std::pin::Pin<&mut Option<tokio::time::Sleep>>,
     deadline: Option<Instant>,

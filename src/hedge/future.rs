@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use http::{Request, Response};
 use pin_project_lite::pin_project;
-use tokio::time::{Instant, Sleep, sleep_until};
+use tokio::time::{Instant, Sleep};
 use tower_service::Service;
 
 use crate::BoxError;
@@ -112,23 +112,6 @@ fn arm(timer: Pin<&mut Option<Sleep>>, timer_at: &mut Option<Instant>, at: Insta
     if let Some(timer) = timer.as_pin_mut() {
         timer.reset(at);
     }
-}
-
-/// Polls the hedge timer, making it first if needed (at `at`, or `delay` from now when the
-/// first hedge's time is not set yet); tells whether it has fired.
-fn timer_fired(
-    mut timer: Pin<&mut Option<Sleep>>,
-    at: &mut Option<Instant>,
-    delay: Duration,
-    cx: &mut Context<'_>,
-) -> bool {
-    if timer.is_none() {
-        let at = *at.get_or_insert_with(|| instant_after(Instant::now(), delay));
-        timer.set(Some(sleep_until(at)));
-    }
-    timer
-        .as_pin_mut()
-        .is_some_and(|timer| timer.poll(cx).is_ready())
 }
 
 /// What the engine knows of one attempt in flight.
@@ -485,10 +468,17 @@ where
                 continue;
             }
 
-            if *this.timer_armed && timer_fired(this.timer.as_mut(), this.timer_at, *this.delay, cx)
-            {
-                *this.timer_armed = false;
-                *this.hedge_due = true;
+            if *this.timer_armed {
+                // The first hedge's time is set when the call is first left pending: the
+                // hedging delay runs from the first poll.
+                let delay = *this.delay;
+                let at = *this
+                    .timer_at
+                    .get_or_insert_with(|| instant_after(Instant::now(), delay));
+                if deadline_fired(this.timer.as_mut(), Some(at), cx) {
+                    *this.timer_armed = false;
+                    *this.hedge_due = true;
+                }
             }
 
             let in_flight = this.first.is_some() || !this.hedges.is_empty();

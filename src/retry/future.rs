@@ -557,7 +557,7 @@ where
                 StateProj::Called { future } => match future.poll(cx) {
                     Poll::Ready(result) => (result.map_err(Into::into), None),
                     Poll::Pending => {
-                        if !timer_fired(this.attempt_timer.as_mut(), cx) {
+                        if !attempt_timer_fired(this.attempt_timer.as_mut(), cx) {
                             return Poll::Pending;
                         }
                         // Dropping the attempt cancels it.
@@ -576,7 +576,7 @@ where
                     match attempt.as_mut().poll(cx) {
                         Poll::Ready(result) => (result.map_err(Into::into), None),
                         Poll::Pending => {
-                            if !timer_fired(this.attempt_timer.as_mut(), cx) {
+                            if !attempt_timer_fired(this.attempt_timer.as_mut(), cx) {
                                 return Poll::Pending;
                             }
                             // Hedge on per-attempt timeout: the slow attempt goes on, and
@@ -718,7 +718,7 @@ where
 }
 
 /// Whether the per-attempt timer (if any) has fired; disarms it when it has.
-fn timer_fired(mut timer: Pin<&mut Option<Sleep>>, cx: &mut Context<'_>) -> bool {
+fn attempt_timer_fired(mut timer: Pin<&mut Option<Sleep>>, cx: &mut Context<'_>) -> bool {
     let fired = timer
         .as_mut()
         .as_pin_mut()
