@@ -619,15 +619,78 @@ pub(crate) enum ThrottleChoice {
 type NameMap = HashMap<Box<str>, Option<MethodPolicy>, foldhash::fast::RandomState>;
 
 /// Names to indexes into [`Table::entries`].
-type IndexMap = HashMap<Box<str>, Option<usize>, foldhash::fast::RandomState>;
+///
+/// A client names a handful of methods or services, and comparing a path with a few names
+/// costs less than hashing it (most names differ in length, which is compared first). A
+/// longer list, as a service config may give, is hashed.
+enum Names {
+    Few(Vec<(Box<str>, Option<usize>)>),
+    Many(HashMap<Box<str>, Option<usize>, foldhash::fast::RandomState>),
+}
+
+impl Names {
+    /// Up to this many names are compared one by one.
+    const FEW: usize = 8;
+
+    fn new(names: Vec<(Box<str>, Option<usize>)>) -> Names {
+        if names.len() <= Names::FEW {
+            Names::Few(names)
+        } else {
+            Names::Many(names.into_iter().collect())
+        }
+    }
+
+    fn get(&self, name: &str) -> Option<Option<usize>> {
+        match self {
+            Names::Few(names) => names
+                .iter()
+                .find(|(known, _)| same_name(known.as_bytes(), name.as_bytes()))
+                .map(|(_, index)| *index),
+            Names::Many(names) => names.get(name).copied(),
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Names::Few(names) => names.len(),
+            Names::Many(names) => names.len(),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Whether two names are equal, compared inline 8 bytes at a time, last bytes first: the
+/// names of one service differ at their end, and `memcmp`, called for a few bytes, costs
+/// more than the whole comparison.
+fn same_name(a: &[u8], b: &[u8]) -> bool {
+    fn word(bytes: &[u8], at: usize) -> Option<u64> {
+        let word = bytes.get(at..at + 8)?;
+        Some(u64::from_ne_bytes(word.try_into().ok()?))
+    }
+    if a.len() != b.len() {
+        return false;
+    }
+    if a.len() < 8 {
+        return a == b;
+    }
+    let last = a.len() - 8;
+    if word(a, last) != word(b, last) {
+        return false;
+    }
+    // The words before the last one; the last may overlap the one before it.
+    (0..last).step_by(8).all(|at| word(a, at) == word(b, at))
+}
 
 /// `None` entries turn a less specific policy off for that method or service.
 struct Table {
     // Every policy of the table. The maps and routes hold indexes into it, so that a call
     // can keep its policy by index, under the one reference count of the table it holds.
     entries: Vec<MethodPolicy>,
-    methods: IndexMap,
-    services: IndexMap,
+    methods: Names,
+    services: Names,
     routes: Vec<(Route, usize)>,
     default: Option<usize>,
     throttle: ThrottleChoice,
@@ -719,13 +782,13 @@ impl Policies {
             if !table.methods.is_empty()
                 && let Some(found) = table.methods.get(name)
             {
-                return *found;
+                return found;
             }
             if !table.services.is_empty()
                 && let Some((service, _)) = name.rsplit_once('/')
                 && let Some(found) = table.services.get(service)
             {
-                return *found;
+                return found;
             }
         }
         table
@@ -928,10 +991,12 @@ impl PoliciesBuilder {
             entries.push(policy);
             entries.len() - 1
         };
-        let mut names = |map: NameMap| -> IndexMap {
-            map.into_iter()
-                .map(|(name, policy)| (name, policy.map(&mut index)))
-                .collect()
+        let mut names = |map: NameMap| -> Names {
+            Names::new(
+                map.into_iter()
+                    .map(|(name, policy)| (name, policy.map(&mut index)))
+                    .collect(),
+            )
         };
         let methods = names(self.methods);
         let services = names(self.services);
@@ -980,6 +1045,67 @@ mod tests {
         assert!(matches!(get("/pkg.Svc/B"), Some(MethodPolicy::Hedge(_))));
         assert!(matches!(get("/pkg.Other/B"), Some(MethodPolicy::Retry(_))));
         assert!(matches!(get("/"), Some(MethodPolicy::Retry(_))));
+    }
+
+    #[test]
+    fn names_compare_as_strings_do() {
+        let names = [
+            "",
+            "a",
+            "ab",
+            "abcdefg",
+            "abcdefgh",
+            "abcdefgi",
+            "bbcdefgh",
+            "abcdefghi",
+            "abcdefghj",
+            "pkg.Svc/Method",
+            "pkg.Svc/Methoe",
+            "qkg.Svc/Method",
+            "test.echo.Echo/Unary",
+            "test.echo.Echo/Other",
+            "test.echo.Fcho/Unary",
+        ];
+        for a in names {
+            for b in names {
+                assert_eq!(same_name(a.as_bytes(), b.as_bytes()), a == b, "{a:?} {b:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn long_tables_resolve_as_short_ones_do() {
+        // One table small enough to be scanned, one that is hashed: same answers.
+        for extra in [0, Names::FEW * 2] {
+            let mut builder = Policies::builder()
+                .method("/pkg.Svc/A", retry())
+                .service("pkg.Svc", hedge())
+                .method_without_policy("pkg.Svc/Off");
+            for i in 0..extra {
+                builder = builder
+                    .method(&format!("pkg.Filler/M{i}"), retry())
+                    .service(&format!("pkg.Filler{i}"), retry());
+            }
+            let policies = builder.build();
+            let get = |p: &str| policies.lookup(&Method::POST, p).cloned();
+            assert!(matches!(get("/pkg.Svc/A"), Some(MethodPolicy::Retry(_))));
+            assert!(matches!(get("/pkg.Svc/B"), Some(MethodPolicy::Hedge(_))));
+            assert!(get("/pkg.Svc/Off").is_none());
+            assert!(get("/pkg.Other/A").is_none());
+            if extra > 0 {
+                assert!(matches!(&policies.0.methods, Names::Many(_)));
+                assert!(matches!(
+                    get("/pkg.Filler/M3"),
+                    Some(MethodPolicy::Retry(_))
+                ));
+                assert!(matches!(
+                    get("/pkg.Filler5/Any"),
+                    Some(MethodPolicy::Retry(_))
+                ));
+            } else {
+                assert!(matches!(&policies.0.methods, Names::Few(_)));
+            }
+        }
     }
 
     #[test]
