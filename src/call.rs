@@ -3,7 +3,6 @@
 use std::time::Duration;
 
 use http::header::CONTENT_TYPE;
-use http::request::Parts;
 use http::{HeaderValue, Request};
 use tokio::time::Instant;
 
@@ -29,7 +28,7 @@ enum Body<B: Replay> {
 
 /// The parts of the request, its body copies and its deadline.
 pub(crate) struct Call<B: Replay> {
-    parts: Parts,
+    head: Head,
     body: Body<B>,
     pub(crate) deadline: Option<Instant>,
     pub(crate) grpc: bool,
@@ -59,7 +58,7 @@ impl<B: Replay> Call<B> {
         let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
         // The later attempts are made from a copy of the parts; the first sends the
         // request itself, with only its body swapped, so that its parts are not moved.
-        let parts = clone_parts(&request);
+        let head = Head::of(&request);
         let mut body = Body::Spent;
         let mut reader = 0;
         let mut first = request.map(|original| match original.prepare(limits) {
@@ -72,7 +71,7 @@ impl<B: Replay> Call<B> {
             Err(original) => original,
         });
         let mut call = Call {
-            parts,
+            head,
             body,
             deadline,
             grpc,
@@ -88,16 +87,16 @@ impl<B: Replay> Call<B> {
 
     /// The request path, for statistics and tracing.
     pub(crate) fn path(&self) -> &str {
-        self.parts.uri.path()
+        self.head.uri.path()
     }
 
     pub(crate) fn method(&self) -> &http::Method {
-        &self.parts.method
+        &self.head.method
     }
 
     /// Whether the request carries an `Idempotency-Key` header.
     pub(crate) fn has_idempotency_key(&self) -> bool {
-        self.parts.headers.contains_key("idempotency-key")
+        self.head.headers.contains_key("idempotency-key")
     }
 
     /// Whether another attempt may start: the body can still be replayed.
@@ -128,11 +127,11 @@ impl<B: Replay> Call<B> {
 
     /// An attempt's request: the call's parts, with A6's metadata.
     fn attempt(&mut self, body: B, hedge: bool) -> Request<B> {
-        let mut parts = self.parts.clone();
-        self.mark_headers(&mut parts.headers);
+        let mut request = self.head.request(body);
+        self.mark_headers(request.headers_mut());
         self.sent += 1;
-        self.mark_extensions(&mut parts.extensions, hedge);
-        Request::from_parts(parts, body)
+        self.mark_extensions(request.extensions_mut(), hedge);
+        request
     }
 
     /// Adds A6's headers to the next attempt (before it is counted in `sent`).
@@ -174,15 +173,39 @@ impl<B: Replay> Call<B> {
     }
 }
 
-/// A copy of a request's parts (everything but its body).
-fn clone_parts<B>(request: &Request<B>) -> Parts {
-    let (mut parts, ()) = Request::new(()).into_parts();
-    parts.method = request.method().clone();
-    parts.uri = request.uri().clone();
-    parts.version = request.version();
-    parts.headers = request.headers().clone();
-    parts.extensions = request.extensions().clone();
-    parts
+/// A copy of a request's parts (everything but its body), for the attempts after the first.
+///
+/// Not `http::request::Parts`, which can only be made with default fields: replacing them
+/// would drop a default URI and header map on every call, for nothing.
+struct Head {
+    method: http::Method,
+    uri: http::Uri,
+    version: http::Version,
+    headers: http::HeaderMap,
+    extensions: http::Extensions,
+}
+
+impl Head {
+    fn of<B>(request: &Request<B>) -> Head {
+        Head {
+            method: request.method().clone(),
+            uri: request.uri().clone(),
+            version: request.version(),
+            headers: request.headers().clone(),
+            extensions: request.extensions().clone(),
+        }
+    }
+
+    /// A request with a copy of these parts and `body`.
+    fn request<B>(&self, body: B) -> Request<B> {
+        let mut request = Request::new(body);
+        *request.method_mut() = self.method.clone();
+        *request.uri_mut() = self.uri.clone();
+        *request.version_mut() = self.version;
+        *request.headers_mut() = self.headers.clone();
+        *request.extensions_mut() = self.extensions.clone();
+        request
+    }
 }
 
 /// Marks a response of a call that made more than one attempt: an [`Attempts`] extension,
