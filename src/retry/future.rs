@@ -11,6 +11,7 @@ use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep, sleep};
 use tower_service::Service;
 
+use super::Shared;
 use crate::BoxError;
 use crate::backoff::Step;
 use crate::body::Replay;
@@ -49,13 +50,15 @@ pin_project! {
             credit: Option<Credit>,
         },
         // The first attempt of a call with a retry policy, polled in place. Most calls end
-        // here: what a later attempt would need waits in `state`, in place too (moving it
-        // with the future measured cheaper than a box of it), and the retry engine is built,
-        // boxed, only when the first attempt does not succeed.
+        // here: what a later attempt would need waits in `state`, and the retry engine is
+        // built, boxed, only when the first attempt does not succeed. `state` is boxed so that
+        // the future stays small: a future is moved whole, and a passthrough call (or any
+        // caller that moves the future before polling it) should not copy a request's worth
+        // of bytes each time.
         First {
             #[pin]
             future: S::Future,
-            state: FirstState<S, B>,
+            state: Pin<Box<FirstState<S, B>>>,
         },
         // A call with a retry policy past its first attempt.
         // Boxed: the state of a call with a policy is large, and a passthrough call should
@@ -69,27 +72,29 @@ pin_project! {
     }
 }
 
-/// The first attempt's timer, and what it keeps for the attempts that may follow it.
-pub(crate) struct FirstState<S, B: Replay> {
-    // Fires at the call's deadline or the attempt's timeout, whichever comes first; made
-    // only once the attempt is pending. Boxed, so that the response future stays `Unpin`
-    // whenever the inner future is.
-    timer: Option<Pin<Box<Sleep>>>,
-    // When the first attempt times out, with a per-attempt timeout.
-    attempt_deadline: Option<Instant>,
-    // Taken when the retry engine takes over.
-    start: Option<Start<S, B>>,
+pin_project! {
+    /// The first attempt's timer, and what it keeps for the attempts that may follow it.
+    pub(crate) struct FirstState<S, B: Replay> {
+        // Fires at the call's deadline or the attempt's timeout, whichever comes first; made
+        // only once the attempt is pending.
+        #[pin]
+        timer: Option<Sleep>,
+        // When the first attempt times out, with a per-attempt timeout.
+        attempt_deadline: Option<Instant>,
+        // Taken when the retry engine takes over.
+        start: Option<Start<S, B>>,
+    }
 }
 
-/// What a call with a retry policy starts from. Cheap to make: the policy, the shared
-/// throttle and the statistics are all reached through the one table reference.
+/// What a call with a retry policy starts from. Cheap to make: the spare service, the
+/// policy, the shared throttle and the statistics are all reached through one reference.
 pub(crate) struct Start<S, B: Replay> {
-    // The layer's spare clone of the inner service: a call that retries clones it for its
-    // later attempts; a call that does not pays one reference count instead of a clone.
-    pub(crate) spare: Arc<std::sync::Mutex<S>>,
+    // The layer's spare clone of the inner service (a call that retries clones it for its
+    // later attempts; a call that does not pays one reference count instead of a clone),
+    // and the table.
+    pub(crate) shared: Arc<Shared<S>>,
     pub(crate) call: Call<B>,
-    pub(crate) policies: Policies,
-    // Where the call's retry policy is in `policies`.
+    // Where the call's retry policy is in the table.
     pub(crate) index: usize,
     // The throttle of the request's authority, when the table keeps one per authority.
     pub(crate) authority_throttle: Option<ThrottleHandle>,
@@ -97,20 +102,25 @@ pub(crate) struct Start<S, B: Replay> {
 }
 
 impl<S: Clone, B: Replay> Start<S, B> {
+    fn policies(&self) -> &Policies {
+        &self.shared.policies
+    }
+
     fn policy(&self) -> Option<&Arc<RetryPolicy>> {
-        self.policies.retry_policy(self.index)
+        self.policies().retry_policy(self.index)
     }
 
     fn throttle(&self) -> Option<&dyn RetryThrottle> {
-        self.policies
+        self.policies()
             .call_throttle(self.authority_throttle.as_ref())
     }
 
     /// What the retry engine needs, taken out of the table.
     fn into_parts(self) -> Option<RetryingParts<S, B>> {
         let policy = self.policy()?.clone();
+        let policies = &self.shared.policies;
         let throttle = self.authority_throttle.or_else(|| {
-            self.policies
+            policies
                 .shared_throttle()
                 .cloned()
                 .map(ThrottleHandle::Shared)
@@ -119,6 +129,7 @@ impl<S: Clone, B: Replay> Start<S, B> {
             service: {
                 // A panic while the lock was held cannot leave a service half cloned.
                 let spare = self
+                    .shared
                     .spare
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -127,9 +138,9 @@ impl<S: Clone, B: Replay> Start<S, B> {
             call: self.call,
             policy,
             throttle,
-            max_attempts_cap: self.policies.max_attempts_cap(),
-            max_pushback: self.policies.max_pushback(),
-            stats: self.policies.stats().clone(),
+            max_attempts_cap: policies.max_attempts_cap(),
+            max_pushback: policies.max_pushback(),
+            stats: policies.stats().clone(),
             span: self.span,
         })
     }
@@ -165,11 +176,11 @@ where
         ResponseFuture {
             kind: Kind::First {
                 future: first,
-                state: FirstState {
+                state: Box::pin(FirstState {
                     timer: None,
                     attempt_deadline,
                     start: Some(start),
-                },
+                }),
             },
         }
     }
@@ -208,38 +219,58 @@ where
 {
     type Output = Result<Response<RB>, BoxError>;
 
+    // Inline, so that a call without a policy costs its caller no more than the inner
+    // future's poll: a call with a policy is polled out of line.
+    #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut kind = self.project().kind;
-        let step = match kind.as_mut().project() {
-            KindProj::Passthrough { future, credit } => {
-                let result = ready!(future.poll(cx)).map_err(Into::into);
-                if let (Some(credit), Ok(response)) = (credit, &result)
-                    && is_success(response, credit.grpc)
-                {
-                    credit.throttle.on_success();
-                }
-                return Poll::Ready(result);
+        if let KindProj::Passthrough { future, credit } = kind.as_mut().project() {
+            let result = ready!(future.poll(cx)).map_err(Into::into);
+            if let (Some(credit), Ok(response)) = (credit, &result)
+                && is_success(response, credit.grpc)
+            {
+                credit.throttle.on_success();
             }
-            KindProj::Retrying { retrying } => return retrying.as_mut().poll(cx),
-            KindProj::Finished => return Poll::Ready(Err(no_result())),
-            KindProj::First { future, state } => poll_first(future, state, cx),
-        };
-        match step {
-            FirstStep::Pending => Poll::Pending,
-            FirstStep::Return(result) => Poll::Ready(result),
-            FirstStep::DeadlineExceeded(grpc) => {
-                // Dropping the attempt cancels it.
-                kind.set(Kind::Finished);
-                Poll::Ready(Err(deadline_exceeded(grpc)))
-            }
-            FirstStep::Engine(retrying) => {
-                kind.set(Kind::Retrying {
-                    retrying: Box::into_pin(retrying),
-                });
-                match kind.project() {
-                    KindProj::Retrying { retrying } => retrying.as_mut().poll(cx),
-                    _ => Poll::Ready(Err(no_result())),
-                }
+            return Poll::Ready(result);
+        }
+        poll_with_policy(kind, cx)
+    }
+}
+
+/// Polls a call with a retry policy.
+#[inline(never)]
+fn poll_with_policy<S, B, RB>(
+    mut kind: Pin<&mut Kind<S, B>>,
+    cx: &mut Context<'_>,
+) -> Poll<Result<Response<RB>, BoxError>>
+where
+    S: Service<Request<B>, Response = Response<RB>> + Clone,
+    S::Error: Into<BoxError>,
+    B: Replay,
+{
+    let step = match kind.as_mut().project() {
+        KindProj::Retrying { retrying } => return retrying.as_mut().poll(cx),
+        KindProj::First { future, state } => poll_first(future, state.as_mut(), cx),
+        // Passthrough calls are polled by the caller.
+        KindProj::Passthrough { .. } | KindProj::Finished => {
+            return Poll::Ready(Err(no_result()));
+        }
+    };
+    match step {
+        FirstStep::Pending => Poll::Pending,
+        FirstStep::Return(result) => Poll::Ready(result),
+        FirstStep::DeadlineExceeded(grpc) => {
+            // Dropping the attempt cancels it.
+            kind.set(Kind::Finished);
+            Poll::Ready(Err(deadline_exceeded(grpc)))
+        }
+        FirstStep::Engine(retrying) => {
+            kind.set(Kind::Retrying {
+                retrying: Box::into_pin(retrying),
+            });
+            match kind.project() {
+                KindProj::Retrying { retrying } => retrying.as_mut().poll(cx),
+                _ => Poll::Ready(Err(no_result())),
             }
         }
     }
@@ -249,7 +280,7 @@ where
 /// anything else hands the call to the retry engine, with the attempt's outcome.
 fn poll_first<S, B, RB>(
     future: Pin<&mut S::Future>,
-    state: &mut FirstState<S, B>,
+    state: Pin<&mut FirstState<S, B>>,
     cx: &mut Context<'_>,
 ) -> FirstStep<S, B, RB>
 where
@@ -257,6 +288,7 @@ where
     S::Error: Into<BoxError>,
     B: Replay,
 {
+    let mut state = state.project();
     let Some(start) = state.start.as_ref() else {
         return FirstStep::Return(Err(no_result()));
     };
@@ -264,14 +296,14 @@ where
         return FirstStep::Return(Err(no_result()));
     };
     let _enter = start.span.enter();
-    let (deadline, attempt_deadline) = (start.call.deadline, state.attempt_deadline);
+    let (deadline, attempt_deadline) = (start.call.deadline, *state.attempt_deadline);
     // As in the engine: the deadline wins over an answer that is ready in the same poll, and
     // an answer wins over the attempt's own timeout.
     let mut attempt_expired = false;
-    if let Some(timer) = state.timer.as_mut()
-        && timer.as_mut().poll(cx).is_ready()
+    if let Some(timer) = state.timer.as_mut().as_pin_mut()
+        && timer.poll(cx).is_ready()
     {
-        state.timer = None;
+        state.timer.set(None);
         if deadline_passed(deadline, attempt_deadline) {
             tracing::debug!(attempts = start.call.sent, "deadline exceeded");
             return FirstStep::DeadlineExceeded(start.call.grpc);
@@ -302,11 +334,10 @@ where
                     (Some(at), None) | (None, Some(at)) => at,
                     (None, None) => return FirstStep::Pending,
                 };
-                let mut timer = Box::pin(tokio::time::sleep_until(wake_at));
-                if timer.as_mut().poll(cx).is_pending() {
-                    state.timer = Some(timer);
+                if !deadline_fired(state.timer.as_mut(), Some(wake_at), cx) {
                     return FirstStep::Pending;
                 }
+                state.timer.set(None);
                 if deadline_passed(deadline, attempt_deadline) {
                     tracing::debug!(attempts = start.call.sent, "deadline exceeded");
                     return FirstStep::DeadlineExceeded(start.call.grpc);
@@ -320,7 +351,24 @@ where
         }
     };
     drop(_enter);
-    match state.start.take().and_then(Start::into_parts) {
+    hand_over(state.start.take(), result, outcome)
+}
+
+/// The retry engine, built to take a call over after its first attempt. Out of line: the
+/// engine's state is large, and building it in `poll` would give every poll of a first
+/// attempt the stack frame it needs.
+#[cold]
+#[inline(never)]
+fn hand_over<S, B, RB>(
+    start: Option<Start<S, B>>,
+    result: Result<Response<RB>, BoxError>,
+    outcome: Outcome,
+) -> FirstStep<S, B, RB>
+where
+    S: Service<Request<B>, Response = Response<RB>> + Clone,
+    B: Replay,
+{
+    match start.and_then(Start::into_parts) {
         Some(parts) => FirstStep::Engine(Box::new(Retrying::after_first(parts, result, outcome))),
         None => FirstStep::Return(Err(no_result())),
     }

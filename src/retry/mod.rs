@@ -146,10 +146,19 @@ use crate::policy::{MethodPolicy, Policies};
 #[derive(Debug, Clone)]
 pub struct Retry<S> {
     inner: S,
-    // A clone of `inner` made at the first call, which calls clone again only when they
-    // retry: a clone per call costs real services (a tonic `Channel`) an allocation.
-    spare: Option<Arc<Mutex<S>>>,
+    // Made at the first call: a spare clone of `inner`, which calls clone again only when
+    // they retry (a clone per call costs real services, a tonic `Channel`, an allocation),
+    // and the table. A call holds this one reference: each reference count it takes costs
+    // the success path an atomic increment and decrement.
+    shared: Option<Arc<Shared<S>>>,
     policies: Policies,
+}
+
+/// What the calls of one [`Retry`] share.
+#[derive(Debug)]
+pub(crate) struct Shared<S> {
+    pub(crate) spare: Mutex<S>,
+    pub(crate) policies: Policies,
 }
 
 impl<S> Retry<S> {
@@ -157,7 +166,7 @@ impl<S> Retry<S> {
     pub fn new(inner: S, policies: Policies) -> Retry<S> {
         Retry {
             inner,
-            spare: None,
+            shared: None,
             policies,
         }
     }
@@ -198,27 +207,45 @@ where
         self.inner.poll_ready(cx).map_err(Into::into)
     }
 
+    // Inline, so that a call without a policy costs its caller no more than the lookup:
+    // the call with a policy is made out of line.
+    #[inline]
     fn call(&mut self, request: Request<B>) -> Self::Future {
         let index = self
             .policies
             .lookup_index(request.method(), request.uri().path());
-        let Some((index, policy)) = index.and_then(|index| match self.policies.entry(index)? {
-            MethodPolicy::Retry(policy) => Some((index, policy)),
+        match index.map(|index| (index, self.policies.entry(index))) {
+            Some((index, Some(MethodPolicy::Retry(_)))) => self.call_with_policy(request, index),
             // The hedge layer owns this call and its throttle accounting.
-            MethodPolicy::Hedge(_) => None,
-        }) else {
-            if index.is_some() {
-                return ResponseFuture::passthrough(self.inner.call(request), None);
+            Some(_) => ResponseFuture::passthrough(self.inner.call(request), None),
+            None if !self.policies.has_throttle() => {
+                ResponseFuture::passthrough(self.inner.call(request), None)
             }
-            let credit = if self.policies.has_throttle() {
+            None => {
+                // A6 counts every outgoing call: a success still credits the throttle.
                 let grpc = is_grpc(&request);
-                self.policies
+                let credit = self
+                    .policies
                     .throttle_for(&request)
-                    .map(|throttle| Credit { throttle, grpc })
-            } else {
-                None
-            };
-            return ResponseFuture::passthrough(self.inner.call(request), credit);
+                    .map(|throttle| Credit { throttle, grpc });
+                ResponseFuture::passthrough(self.inner.call(request), credit)
+            }
+        }
+    }
+}
+
+impl<S: Clone> Retry<S> {
+    /// A call whose policy is the retry policy at `index`.
+    #[inline(never)]
+    fn call_with_policy<B, RB>(&mut self, request: Request<B>, index: usize) -> ResponseFuture<S, B>
+    where
+        S: Service<Request<B>, Response = Response<RB>>,
+        S::Error: Into<BoxError>,
+        B: Replay,
+    {
+        let Some(policy) = self.policies.retry_policy(index) else {
+            // Never expected: the caller found a retry policy there.
+            return ResponseFuture::passthrough(self.inner.call(request), None);
         };
         let authority_throttle = self.policies.begin_call(&request);
         let span = tracing::debug_span!(
@@ -236,14 +263,16 @@ where
         // a clone into `self` instead would leave every call a cold service: a tonic
         // `Channel` clone allocates again for its first `poll_ready`.)
         let future = self.inner.call(first);
-        let inner = &self.inner;
-        let spare = self
-            .spare
-            .get_or_insert_with(|| Arc::new(Mutex::new(inner.clone())));
+        let (inner, policies) = (&self.inner, &self.policies);
+        let shared = self.shared.get_or_insert_with(|| {
+            Arc::new(Shared {
+                spare: Mutex::new(inner.clone()),
+                policies: policies.clone(),
+            })
+        });
         let start = Start {
-            spare: Arc::clone(spare),
+            shared: Arc::clone(shared),
             call,
-            policies: self.policies.clone(),
             index,
             authority_throttle,
             span,
