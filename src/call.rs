@@ -13,10 +13,42 @@ use crate::metadata::{AttemptInfo, Attempts, GRPC_PREVIOUS_RPC_ATTEMPTS_NAME, Tr
 /// Whether a request is a gRPC call: its content type is `application/grpc` or
 /// `application/grpc+<codec>`.
 pub(crate) fn is_grpc<B>(request: &Request<B>) -> bool {
-    request.headers().get(CONTENT_TYPE).is_some_and(|v| {
+    is_grpc_content_type(request.headers().get(CONTENT_TYPE))
+}
+
+fn is_grpc_content_type(value: Option<&HeaderValue>) -> bool {
+    value.is_some_and(|v| {
         let v = v.as_bytes();
         v.starts_with(b"application/grpc") && matches!(v.get(16), None | Some(b'+') | Some(b';'))
     })
+}
+
+/// The call's own timeout: the request's `grpc-timeout` when it is a gRPC call. Also tells
+/// whether it is one.
+///
+/// A request with a few headers is read in one pass: comparing a few names costs less than
+/// hashing two, `grpc-timeout` above all, which is not a standard header. More headers are
+/// looked up. Either way, the first value of each header counts, as `HeaderMap::get` reads.
+fn grpc_timeout_of(headers: &http::HeaderMap) -> (bool, Option<Duration>) {
+    const FEW: usize = 8;
+    let (content_type, timeout) = if headers.len() > FEW {
+        (
+            headers.get(CONTENT_TYPE),
+            headers.get(grpc_timeout::GRPC_TIMEOUT_NAME),
+        )
+    } else {
+        let (mut content_type, mut timeout) = (None, None);
+        for (name, value) in headers {
+            if *name == CONTENT_TYPE {
+                content_type.get_or_insert(value);
+            } else if name.as_str() == grpc_timeout::GRPC_TIMEOUT {
+                timeout.get_or_insert(value);
+            }
+        }
+        (content_type, timeout)
+    };
+    let grpc = is_grpc_content_type(content_type);
+    (grpc, timeout.filter(|_| grpc).and_then(grpc_timeout::parse))
 }
 
 enum Body<B: Replay> {
@@ -49,10 +81,7 @@ impl<B: Replay> Call<B> {
         timeout: Option<Duration>,
         track_backends: bool,
     ) -> (Self, Request<B>, u64) {
-        let grpc = is_grpc(&request);
-        let header_timeout = grpc
-            .then(|| grpc_timeout::from_headers(request.headers()))
-            .flatten();
+        let (grpc, header_timeout) = grpc_timeout_of(request.headers());
         let timeout = header_timeout.or(timeout);
         // A timeout too large to add to now is no deadline at all.
         let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
@@ -258,4 +287,78 @@ pub(crate) fn deadline_fired(
     timer
         .as_pin_mut()
         .is_some_and(|timer| std::future::Future::poll(timer, cx).is_ready())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderMap;
+    use http::header::{HeaderName, USER_AGENT};
+
+    fn headers(pairs: &[(&'static str, &'static str)], filler: usize) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        for (name, value) in pairs {
+            headers.append(
+                HeaderName::from_static(name),
+                HeaderValue::from_static(value),
+            );
+        }
+        for i in 0..filler {
+            headers.append(USER_AGENT, HeaderValue::from(i));
+        }
+        headers
+    }
+
+    /// Request headers, and what `grpc_timeout_of` reads from them.
+    type Case = (&'static [(&'static str, &'static str)], (bool, Option<Duration>));
+
+    #[test]
+    fn the_one_pass_reads_what_the_lookups_read() {
+        let cases: [Case; 7] = [
+            (&[], (false, None)),
+            (&[("content-type", "application/grpc")], (true, None)),
+            (
+                &[
+                    ("grpc-timeout", "1S"),
+                    ("content-type", "application/grpc+proto"),
+                ],
+                (true, Some(Duration::from_secs(1))),
+            ),
+            // Not gRPC: its `grpc-timeout` is not the call's.
+            (
+                &[("content-type", "application/json"), ("grpc-timeout", "1S")],
+                (false, None),
+            ),
+            (
+                &[
+                    ("content-type", "application/grpcx"),
+                    ("grpc-timeout", "1S"),
+                ],
+                (false, None),
+            ),
+            // The first value counts, as `HeaderMap::get` reads.
+            (
+                &[
+                    ("content-type", "application/grpc"),
+                    ("grpc-timeout", "2m"),
+                    ("grpc-timeout", "1S"),
+                ],
+                (true, Some(Duration::from_millis(2))),
+            ),
+            (
+                &[
+                    ("content-type", "application/grpc"),
+                    ("grpc-timeout", "bad"),
+                ],
+                (true, None),
+            ),
+        ];
+        for (pairs, expected) in cases {
+            // A few headers are read in one pass; more (with filler) are looked up.
+            for filler in [0, 10] {
+                let headers = headers(pairs, filler);
+                assert_eq!(grpc_timeout_of(&headers), expected, "{pairs:?} +{filler}");
+            }
+        }
+    }
 }
