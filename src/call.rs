@@ -310,7 +310,10 @@ mod tests {
     }
 
     /// Request headers, and what `grpc_timeout_of` reads from them.
-    type Case = (&'static [(&'static str, &'static str)], (bool, Option<Duration>));
+    type Case = (
+        &'static [(&'static str, &'static str)],
+        (bool, Option<Duration>),
+    );
 
     #[test]
     fn the_one_pass_reads_what_the_lookups_read() {

@@ -357,11 +357,11 @@ where
                 }
                 let result = result.map_err(Into::into);
                 let outcome = match &result {
-                    Ok(response) => policy.classifier.classify(AttemptResult::Response {
+                    Ok(response) => (*policy.classifier).classify(AttemptResult::Response {
                         status: response.status(),
                         headers: response.headers(),
                     }),
-                    Err(error) => policy.classifier.classify(AttemptResult::Error(&**error)),
+                    Err(error) => (*policy.classifier).classify(AttemptResult::Error(&**error)),
                 }
                 .cap_pushback(policies.max_pushback());
                 // The clock is read only when needed: a fixed delay learns nothing from a

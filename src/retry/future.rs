@@ -313,7 +313,7 @@ where
     let (result, outcome) = match future.poll(cx) {
         Poll::Ready(result) => {
             let result = result.map_err(Into::into);
-            let outcome = classify(&policy.classifier, &result);
+            let outcome = classify(&*policy.classifier, &result);
             if outcome == Outcome::Success {
                 if let Some(throttle) = start.throttle() {
                     throttle.on_success();
@@ -711,7 +711,7 @@ where
             };
 
             let outcome = known
-                .unwrap_or_else(|| classify(&this.policy.classifier, &result))
+                .unwrap_or_else(|| classify(&*this.policy.classifier, &result))
                 .cap_pushback(*this.max_pushback);
             let decision = decide(
                 outcome,
@@ -797,7 +797,7 @@ where
         };
         drop(lingering.swap_remove(i));
         let result = result.map_err(Into::into);
-        let outcome = classify(&policy.classifier, &result);
+        let outcome = classify(&*policy.classifier, &result);
         if matches!(outcome, Outcome::Success | Outcome::Fatal(_)) {
             return Some((result, outcome));
         }
@@ -815,10 +815,9 @@ fn attempt_result<RB>(result: &Result<Response<RB>, BoxError>) -> AttemptResult<
     }
 }
 
-fn classify<RB>(
-    classifier: &Arc<dyn Classify>,
-    result: &Result<Response<RB>, BoxError>,
-) -> Outcome {
+fn classify<RB>(classifier: &dyn Classify, result: &Result<Response<RB>, BoxError>) -> Outcome {
+    // Called on the `dyn` itself: `Arc<dyn Classify>` implements `Classify` too, through a
+    // call of its own.
     classifier.classify(attempt_result(result))
 }
 
