@@ -24,7 +24,8 @@
 //! 7. The last attempt's outcome is returned. After more than one attempt it carries an
 //!    [`Attempts`](crate::metadata::Attempts) extension and, for gRPC, a
 //!    `grpc-previous-rpc-attempts` header; after one, neither (read it with
-//!    [`Attempts::of`](crate::metadata::Attempts::of)), so the success path allocates nothing.
+//!    [`Attempts::of`](crate::metadata::Attempts::of)), so the success path allocates nothing
+//!    for it.
 //!
 //! Transparent retries: an attempt that never left the client is retried with backoff until
 //! the deadline (or [`max_transparent_retries`](crate::policy::RetryPolicyBuilder::max_transparent_retries)
