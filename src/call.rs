@@ -31,22 +31,22 @@ fn is_grpc_content_type(value: Option<&HeaderValue>) -> bool {
 /// looked up. Either way, the first value of each header counts, as `HeaderMap::get` reads.
 fn grpc_timeout_of(headers: &http::HeaderMap) -> (bool, Option<Duration>) {
     const FEW: usize = 8;
-    let (content_type, timeout) = if headers.len() > FEW {
-        (
-            headers.get(CONTENT_TYPE),
-            headers.get(grpc_timeout::GRPC_TIMEOUT_NAME),
-        )
-    } else {
-        let (mut content_type, mut timeout) = (None, None);
-        for (name, value) in headers {
-            if *name == CONTENT_TYPE {
-                content_type.get_or_insert(value);
-            } else if name.as_str() == grpc_timeout::GRPC_TIMEOUT {
-                timeout.get_or_insert(value);
-            }
+    if headers.len() > FEW {
+        // A request that is not gRPC (an HTTP route) pays no second lookup.
+        let grpc = is_grpc_content_type(headers.get(CONTENT_TYPE));
+        return (
+            grpc,
+            grpc.then(|| grpc_timeout::from_headers(headers)).flatten(),
+        );
+    }
+    let (mut content_type, mut timeout) = (None, None);
+    for (name, value) in headers {
+        if *name == CONTENT_TYPE {
+            content_type.get_or_insert(value);
+        } else if name.as_str() == grpc_timeout::GRPC_TIMEOUT {
+            timeout.get_or_insert(value);
         }
-        (content_type, timeout)
-    };
+    }
     let grpc = is_grpc_content_type(content_type);
     (grpc, timeout.filter(|_| grpc).and_then(grpc_timeout::parse))
 }
