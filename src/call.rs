@@ -75,6 +75,7 @@ pub(crate) struct Call<B: Replay> {
 impl<B: Replay> Call<B> {
     /// Takes a request apart and builds its first attempt. The deadline is the request's
     /// `grpc-timeout` for gRPC calls, else the policy's timeout, else none.
+    #[inline]
     pub(crate) fn start(
         request: Request<B>,
         limits: &BufferLimits,

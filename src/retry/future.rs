@@ -165,6 +165,7 @@ where
 
     /// A call with a retry policy, whose first attempt is polled in place; `first` is its
     /// inner future, already called on the service that was polled ready.
+    #[inline]
     pub(crate) fn first(
         start: Start<S, B>,
         first: S::Future,
@@ -173,14 +174,20 @@ where
         // The clock is read only when a per-attempt timeout needs it.
         let attempt_deadline =
             per_attempt_timeout.and_then(|timeout| Instant::now().checked_add(timeout));
+        // Allocated before it is filled, so that the state is written in place rather than
+        // made on the stack and copied.
+        let state = Box::write(
+            Box::new_uninit(),
+            FirstState {
+                timer: None,
+                attempt_deadline,
+                start: Some(start),
+            },
+        );
         ResponseFuture {
             kind: Kind::First {
                 future: first,
-                state: Box::pin(FirstState {
-                    timer: None,
-                    attempt_deadline,
-                    start: Some(start),
-                }),
+                state: Box::into_pin(state),
             },
         }
     }
