@@ -14,7 +14,7 @@ use tower_service::Service;
 use super::Shared;
 use crate::BoxError;
 use crate::backoff::Step;
-use crate::body::Replay;
+use crate::body::{BufferLimits, Replay};
 use crate::call::{Call, annotate, deadline_fired, no_result};
 use crate::classify::{AttemptResult, Classify, Outcome, grpc_status};
 use crate::error::{attempt_timed_out, deadline_exceeded};
@@ -83,6 +83,40 @@ pin_project! {
         attempt_deadline: Option<Instant>,
         // Taken when the retry engine takes over.
         start: Option<Start<S, B>>,
+    }
+}
+
+impl<S, B: Replay> FirstState<S, B> {
+    /// What a call keeps while its first attempt is in flight, with the call's body
+    /// prepared in place (see [`Call::first_attempt`]); gives the first attempt's body.
+    ///
+    /// The box is allocated before it is filled, and the body is prepared once the call is
+    /// in it: the state is written in place rather than made on the stack and copied.
+    #[inline]
+    pub(crate) fn boxed(
+        start: Start<S, B>,
+        per_attempt_timeout: Option<Duration>,
+        parts: &mut http::request::Parts,
+        body: B,
+        limits: &BufferLimits,
+    ) -> (Pin<Box<Self>>, B) {
+        // The clock is read only when a per-attempt timeout needs it.
+        let attempt_deadline =
+            per_attempt_timeout.and_then(|timeout| Instant::now().checked_add(timeout));
+        let mut state = Box::write(
+            Box::new_uninit(),
+            FirstState {
+                timer: None,
+                attempt_deadline,
+                start: Some(start),
+            },
+        );
+        let first = match &mut state.start {
+            Some(start) => start.call.first_attempt(parts, body, limits).0,
+            // Never: it was set just above.
+            None => body,
+        };
+        (Box::into_pin(state), first)
     }
 }
 
@@ -163,31 +197,15 @@ where
         }
     }
 
-    /// A call with a retry policy, whose first attempt is polled in place; `first` is its
-    /// inner future, already called on the service that was polled ready.
+    /// A call with a retry policy, whose first attempt is polled in place: `first` is its
+    /// inner future, already called on the service that was polled ready, and `state` what
+    /// the call keeps for the attempts that may follow ([`FirstState::boxed`]).
     #[inline]
-    pub(crate) fn first(
-        start: Start<S, B>,
-        first: S::Future,
-        per_attempt_timeout: Option<Duration>,
-    ) -> Self {
-        // The clock is read only when a per-attempt timeout needs it.
-        let attempt_deadline =
-            per_attempt_timeout.and_then(|timeout| Instant::now().checked_add(timeout));
-        // Allocated before it is filled, so that the state is written in place rather than
-        // made on the stack and copied.
-        let state = Box::write(
-            Box::new_uninit(),
-            FirstState {
-                timer: None,
-                attempt_deadline,
-                start: Some(start),
-            },
-        );
+    pub(crate) fn first(first: S::Future, state: Pin<Box<FirstState<S, B>>>) -> Self {
         ResponseFuture {
             kind: Kind::First {
                 future: first,
-                state: Box::into_pin(state),
+                state,
             },
         }
     }

@@ -135,7 +135,7 @@ use http::{Request, Response};
 use tower_service::Service;
 
 pub use self::future::ResponseFuture;
-use self::future::{Credit, Start};
+use self::future::{Credit, FirstState, Start};
 pub use self::layer::RetryLayer;
 use crate::BoxError;
 use crate::body::Replay;
@@ -257,13 +257,12 @@ impl<S: Clone> Retry<S> {
         let timeout = policy.timeout;
         let hedge_on_timeout = policy.hedge_on_per_attempt_timeout;
         let per_attempt_timeout = policy.per_attempt_timeout;
-        let (call, first, _reader) =
-            Call::start(request, self.policies.buffer_limits(), timeout, false);
+        let limits = self.policies.buffer_limits();
+        let (mut parts, body) = request.into_parts();
         // The ready service takes the first attempt and stays in `self`, warm for the next
         // call; the call holds the shared spare and clones it only if it retries. (Swapping
         // a clone into `self` instead would leave every call a cold service: a tonic
         // `Channel` clone allocates again for its first `poll_ready`.)
-        let future = self.inner.call(first);
         let (inner, policies) = (&self.inner, &self.policies);
         let shared = self.shared.get_or_insert_with(|| {
             Arc::new(Shared {
@@ -271,17 +270,21 @@ impl<S: Clone> Retry<S> {
                 policies: policies.clone(),
             })
         });
-        let start = Start {
+        let mut start = Start {
             shared: Arc::clone(shared),
-            call,
+            call: Call::new(&parts, timeout, false),
             index,
             authority_throttle,
             span,
         };
         if hedge_on_timeout {
-            ResponseFuture::engine(start, future)
-        } else {
-            ResponseFuture::first(start, future, per_attempt_timeout)
+            let (first, _reader) = start.call.first_attempt(&mut parts, body, limits);
+            let future = self.inner.call(Request::from_parts(parts, first));
+            return ResponseFuture::engine(start, future);
         }
+        let (state, first) =
+            FirstState::boxed(start, per_attempt_timeout, &mut parts, body, limits);
+        // Made last, so that the inner future is written straight into the response future.
+        ResponseFuture::first(self.inner.call(Request::from_parts(parts, first)), state)
     }
 }
