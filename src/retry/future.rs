@@ -250,6 +250,10 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut kind = self.project().kind;
         if let KindProj::Passthrough { future, credit } = kind.as_mut().project() {
+            if credit.is_none() {
+                // Nothing to do with the answer: handed on as the inner future gives it.
+                return future.poll(cx).map_err(Into::into);
+            }
             let result = ready!(future.poll(cx)).map_err(Into::into);
             if let (Some(credit), Ok(response)) = (credit, &result)
                 && is_success(response, credit.grpc)
