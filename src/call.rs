@@ -1,5 +1,6 @@
 //! What one call keeps to make its attempts: shared by the retry and hedge engines.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http::header::CONTENT_TYPE;
@@ -9,6 +10,7 @@ use tokio::time::Instant;
 use crate::body::{BufferLimits, Copies, Replay};
 use crate::grpc_timeout;
 use crate::metadata::{AttemptInfo, Attempts, GRPC_PREVIOUS_RPC_ATTEMPTS_NAME, TriedBackends};
+use crate::policy::Policies;
 
 /// Whether a request is a gRPC call: its content type is `application/grpc` or
 /// `application/grpc+<codec>`.
@@ -49,6 +51,45 @@ fn grpc_timeout_of(headers: &http::HeaderMap) -> (bool, Option<Duration>) {
     }
     let grpc = is_grpc_content_type(content_type);
     (grpc, timeout.filter(|_| grpc).and_then(grpc_timeout::parse))
+}
+
+/// What the calls of one layer share: a spare clone of the inner service and the policy
+/// table, behind one reference count per call.
+///
+/// The spare is made at the layer's first call. A call that needs a service of its own (to
+/// retry, or to send a hedge) clones the spare then; a call answered by its first attempt
+/// clones nothing. A clone per call would cost real services something: a tonic `Channel`
+/// clone allocates again for its first `poll_ready`.
+#[derive(Debug)]
+pub(crate) struct Shared<S> {
+    spare: Mutex<S>,
+    pub(crate) policies: Policies,
+}
+
+impl<S: Clone> Shared<S> {
+    /// The layer's shared state, made from its service and table at its first call.
+    pub(crate) fn get_or_make<'a>(
+        slot: &'a mut Option<Arc<Shared<S>>>,
+        inner: &S,
+        policies: &Policies,
+    ) -> &'a Arc<Shared<S>> {
+        slot.get_or_insert_with(|| {
+            Arc::new(Shared {
+                spare: Mutex::new(inner.clone()),
+                policies: policies.clone(),
+            })
+        })
+    }
+
+    /// A clone of the spare service, for a call's later attempts.
+    pub(crate) fn service(&self) -> S {
+        // A panic while the lock was held cannot leave a service half cloned.
+        let spare = self
+            .spare
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        S::clone(&spare)
+    }
 }
 
 enum Body<B: Replay> {

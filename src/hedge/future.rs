@@ -13,10 +13,10 @@ use tower_service::Service;
 
 use crate::BoxError;
 use crate::body::Replay;
-use crate::call::{Call, annotate, deadline_fired, no_result};
+use crate::call::{Call, Shared, annotate, deadline_fired, no_result};
 use crate::classify::{AttemptResult, Outcome};
 use crate::error::deadline_exceeded;
-use crate::policy::{Policies, ThrottleHandle};
+use crate::policy::ThrottleHandle;
 use crate::pushback::Pushback;
 use crate::stats::MethodStats;
 
@@ -79,7 +79,7 @@ where
 
 impl<S, B, RB> Future for ResponseFuture<S, B>
 where
-    S: Service<Request<B>, Response = Response<RB>>,
+    S: Service<Request<B>, Response = Response<RB>> + Clone,
     S::Error: Into<BoxError>,
     B: Replay,
 {
@@ -164,12 +164,14 @@ pin_project! {
         first: Option<FirstAttempt<S::Future>>,
         // The hedges after the first attempt; allocated only once one is sent.
         hedges: Vec<InFlight<S::Future>>,
-        // A clone of the inner service, polled ready only when a hedge is about to be sent,
-        // so a pending hedge holds no capacity.
-        service: S,
+        // A clone of the layer's spare service, made when the first hedge is about to be
+        // sent (most calls send none) and polled ready only then, so a pending hedge holds no
+        // capacity.
+        service: Option<S>,
         call: Call<B>,
-        // The policy, the shared throttle and the statistics are reached through the table.
-        policies: Policies,
+        // The spare service and the table: the policy, the shared throttle and the
+        // statistics are reached through it.
+        shared: Arc<Shared<S>>,
         index: usize,
         // The throttle of the request's authority, when the table keeps one per authority.
         authority_throttle: Option<ThrottleHandle>,
@@ -196,11 +198,10 @@ pin_project! {
 }
 
 pub(crate) struct HedgingParts<S, B: Replay> {
-    pub(crate) service: S,
+    pub(crate) shared: Arc<Shared<S>>,
     pub(crate) call: Call<B>,
     pub(crate) reader: u64,
-    pub(crate) policies: Policies,
-    // Where the call's hedging policy is in `policies`.
+    // Where the call's hedging policy is in the table.
     pub(crate) index: usize,
     pub(crate) authority_throttle: Option<ThrottleHandle>,
     pub(crate) span: tracing::Span,
@@ -213,9 +214,10 @@ where
 {
     /// Starts a hedged call; `first` is the first attempt, called on the ready service.
     pub(crate) fn new(parts: HedgingParts<S, B>, first: S::Future) -> Option<Self> {
-        let policy = parts.policies.hedge_policy(parts.index)?;
+        let policies = &parts.shared.policies;
+        let policy = policies.hedge_policy(parts.index)?;
         let delay = policy.delay.current();
-        let max_attempts = policy.max_attempts.min(parts.policies.max_attempts_cap());
+        let max_attempts = policy.max_attempts.min(policies.max_attempts_cap());
         let more = max_attempts > 1;
         Some(Hedging {
             deadline: None,
@@ -231,9 +233,9 @@ where
                 },
             }),
             hedges: Vec::new(),
-            service: parts.service,
+            service: None,
             call: parts.call,
-            policies: parts.policies,
+            shared: parts.shared,
             index: parts.index,
             authority_throttle: parts.authority_throttle,
             delay,
@@ -255,7 +257,7 @@ where
 
 impl<S, B, RB> Hedging<S, B>
 where
-    S: Service<Request<B>, Response = Response<RB>>,
+    S: Service<Request<B>, Response = Response<RB>> + Clone,
     S::Error: Into<BoxError>,
     B: Replay,
 {
@@ -281,7 +283,8 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Result<Response<RB>, BoxError>> {
         let mut this = self.project();
-        let policies = &*this.policies;
+        let shared: &Shared<S> = this.shared;
+        let policies = &shared.policies;
         let Some(policy) = policies.hedge_policy(*this.index) else {
             return Poll::Ready(Err(no_result()));
         };
@@ -496,7 +499,8 @@ where
                     }
                     *this.throttle_granted = true;
                 }
-                match this.service.poll_ready(cx) {
+                let service = this.service.get_or_insert_with(|| shared.service());
+                match service.poll_ready(cx) {
                     Poll::Pending => {}
                     Poll::Ready(Err(error)) => {
                         // The service cannot take more: let the attempts in flight finish.
@@ -536,7 +540,7 @@ where
                             let number = this.call.sent;
                             this.span.record("http.request.resend_count", number - 1);
                             tracing::debug!(attempt = number, transparent, "sending hedge");
-                            let future = Box::pin(this.service.call(request));
+                            let future = Box::pin(service.call(request));
                             if this.hedges.capacity() == 0 {
                                 // The cap is the client's, but still bound what one call
                                 // reserves up front.

@@ -33,8 +33,10 @@
 //!
 //! A hedge reserves nothing until it is sent: the future polls its own clone of the service
 //! ready only when a hedge is due, then calls it at once. The first attempt goes to the
-//! service that [`poll_ready`](tower_service::Service::poll_ready) made ready, as in
-//! [`Retry`](crate::Retry).
+//! service that [`poll_ready`](tower_service::Service::poll_ready) made ready, which stays in
+//! `self` for the next call, as in [`Retry`](crate::Retry). The clone is taken, when the
+//! first hedge is due, from a spare that the layer clones at its first call and shares with
+//! its calls: a call that sends no hedge clones nothing.
 //!
 //! # Examples
 //!
@@ -82,6 +84,7 @@
 mod future;
 mod layer;
 
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use http::{Request, Response};
@@ -92,7 +95,7 @@ use self::future::{Hedging, HedgingParts};
 pub use self::layer::HedgeLayer;
 use crate::BoxError;
 use crate::body::Replay;
-use crate::call::Call;
+use crate::call::{Call, Shared};
 use crate::policy::Policies;
 
 /// Hedges requests by their method's [`HedgePolicy`](crate::HedgePolicy): see
@@ -100,13 +103,20 @@ use crate::policy::Policies;
 #[derive(Debug, Clone)]
 pub struct Hedge<S> {
     inner: S,
+    // Made at the first hedged call: a spare clone of `inner`, which calls clone again only
+    // when they send a hedge, and the table, behind the one reference a call holds.
+    shared: Option<Arc<Shared<S>>>,
     policies: Policies,
 }
 
 impl<S> Hedge<S> {
     /// Wraps `inner`.
     pub fn new(inner: S, policies: Policies) -> Hedge<S> {
-        Hedge { inner, policies }
+        Hedge {
+            inner,
+            shared: None,
+            policies,
+        }
     }
 
     /// The inner service.
@@ -114,7 +124,8 @@ impl<S> Hedge<S> {
         &self.inner
     }
 
-    /// The inner service, mutably.
+    /// The inner service, mutably. Hedges are sent on clones of the spare taken at the first
+    /// call (see [the module docs](self)), which a change made here does not reach.
     pub fn get_mut(&mut self) -> &mut S {
         &mut self.inner
     }
@@ -169,15 +180,18 @@ where
             track_backends,
         );
         // As in the retry layer: the ready service takes the first attempt and stays warm in
-        // `self`; the call keeps a clone for its hedges.
+        // `self`; the call holds the shared spare and clones it only to send a hedge.
+        let shared = Arc::clone(Shared::get_or_make(
+            &mut self.shared,
+            &self.inner,
+            &self.policies,
+        ));
         let future = self.inner.call(first);
-        let service = self.inner.clone();
         ResponseFuture::hedging(Hedging::new(
             HedgingParts {
-                service,
+                shared,
                 call,
                 reader,
-                policies: self.policies.clone(),
                 index,
                 authority_throttle,
                 span,

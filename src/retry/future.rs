@@ -11,11 +11,10 @@ use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep, sleep};
 use tower_service::Service;
 
-use super::Shared;
 use crate::BoxError;
 use crate::backoff::Step;
 use crate::body::{BufferLimits, Replay};
-use crate::call::{Call, annotate, deadline_fired, no_result};
+use crate::call::{Call, Shared, annotate, deadline_fired, no_result};
 use crate::classify::{AttemptResult, Classify, Outcome, grpc_status};
 use crate::error::{attempt_timed_out, deadline_exceeded};
 use crate::policy::{Policies, RetryContext, RetryDecision, RetryPolicy, ThrottleHandle};
@@ -160,15 +159,7 @@ impl<S: Clone, B: Replay> Start<S, B> {
                 .map(ThrottleHandle::Shared)
         });
         Some(RetryingParts {
-            service: {
-                // A panic while the lock was held cannot leave a service half cloned.
-                let spare = self
-                    .shared
-                    .spare
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-                S::clone(&spare)
-            },
+            service: self.shared.service(),
             call: self.call,
             policy,
             throttle,

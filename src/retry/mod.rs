@@ -128,7 +128,7 @@
 mod future;
 mod layer;
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use http::{Request, Response};
@@ -139,7 +139,7 @@ use self::future::{Credit, FirstState, Start};
 pub use self::layer::RetryLayer;
 use crate::BoxError;
 use crate::body::Replay;
-use crate::call::{Call, is_grpc};
+use crate::call::{Call, Shared, is_grpc};
 use crate::policy::{MethodPolicy, Policies};
 
 /// Retries requests by their method's [`RetryPolicy`](crate::RetryPolicy): see
@@ -153,13 +153,6 @@ pub struct Retry<S> {
     // the success path an atomic increment and decrement.
     shared: Option<Arc<Shared<S>>>,
     policies: Policies,
-}
-
-/// What the calls of one [`Retry`] share.
-#[derive(Debug)]
-pub(crate) struct Shared<S> {
-    pub(crate) spare: Mutex<S>,
-    pub(crate) policies: Policies,
 }
 
 impl<S> Retry<S> {
@@ -263,13 +256,7 @@ impl<S: Clone> Retry<S> {
         // call; the call holds the shared spare and clones it only if it retries. (Swapping
         // a clone into `self` instead would leave every call a cold service: a tonic
         // `Channel` clone allocates again for its first `poll_ready`.)
-        let (inner, policies) = (&self.inner, &self.policies);
-        let shared = self.shared.get_or_insert_with(|| {
-            Arc::new(Shared {
-                spare: Mutex::new(inner.clone()),
-                policies: policies.clone(),
-            })
-        });
+        let shared = Shared::get_or_make(&mut self.shared, &self.inner, &self.policies);
         let mut start = Start {
             shared: Arc::clone(shared),
             call: Call::new(&parts, timeout, false),

@@ -15,7 +15,7 @@ mod grpc;
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -272,6 +272,72 @@ impl tower::Service<Req> for Probe {
             result.unwrap_or_else(|_| Err("the test dropped the reply".into()))
         })
     }
+}
+
+/// A [`Probe`] that counts its clones and checks that each is polled ready before it is
+/// called, as a tower `Buffer` (a tonic `Channel`) requires.
+struct CloneCounted {
+    probe: Probe,
+    clones: Arc<AtomicUsize>,
+    ready: bool,
+}
+
+impl Clone for CloneCounted {
+    fn clone(&self) -> Self {
+        self.clones.fetch_add(1, Ordering::SeqCst);
+        CloneCounted {
+            probe: self.probe.clone(),
+            clones: self.clones.clone(),
+            ready: false,
+        }
+    }
+}
+
+impl tower::Service<Req> for CloneCounted {
+    type Response = Res;
+    type Error = BoxError;
+    type Future = BoxFuture<Result<Res, BoxError>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.ready = true;
+        self.probe.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Req) -> Self::Future {
+        assert!(self.ready, "called without poll_ready");
+        self.ready = false;
+        self.probe.call(request)
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_clones_the_service_only_to_send_a_hedge() {
+    use tower::Service;
+    let (probe, mut arrivals) = Probe::new();
+    let clones = Arc::new(AtomicUsize::new(0));
+    let inner = CloneCounted {
+        probe,
+        clones: clones.clone(),
+        ready: false,
+    };
+    let mut svc = HedgeLayer::new(policies(hedge(3, 50))).layer(inner);
+    // Calls answered before their hedging delay: the layer's spare is the only clone.
+    for _ in 0..5 {
+        let call = tokio::spawn(svc.ready().await.unwrap().call(grpc_request()));
+        next_probe(&mut arrivals).await.answer(grpc_ok());
+        assert_eq!(attempts(&call.await.unwrap().unwrap()).sent(), 1);
+    }
+    assert_eq!(clones.load(Ordering::SeqCst), 1);
+    // A slow first attempt: the hedge goes to a clone of the spare, polled ready first.
+    let call = tokio::spawn(svc.ready().await.unwrap().call(grpc_request()));
+    let first = next_probe(&mut arrivals).await;
+    let hedge = next_probe(&mut arrivals).await;
+    assert_eq!((hedge.number(), hedge.at - first.at), (2, ms(50)));
+    assert_eq!(clones.load(Ordering::SeqCst), 2);
+    hedge.answer(grpc_ok());
+    let response = call.await.unwrap().unwrap();
+    assert_eq!(mark(&response), Some("2"));
+    assert!(first.cancelled(), "the first attempt is cancelled");
 }
 
 /// Starts a call through the hedge layer over a [`Probe`].
