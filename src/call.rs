@@ -116,6 +116,7 @@ pub(crate) struct Call<B: Replay> {
 impl<B: Replay> Call<B> {
     /// Takes a request apart and builds its first attempt. The deadline is the request's
     /// `grpc-timeout` for gRPC calls, else the policy's timeout, else none.
+    #[inline]
     pub(crate) fn start(
         request: Request<B>,
         limits: &BufferLimits,
@@ -135,7 +136,7 @@ impl<B: Replay> Call<B> {
     /// Inline, with `first_attempt` apart: a caller that keeps the call in a box makes it
     /// there and prepares the body in place, rather than moving a few hundred bytes through
     /// each step.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn new(
         parts: &http::request::Parts,
         timeout: Option<Duration>,
@@ -160,7 +161,7 @@ impl<B: Replay> Call<B> {
     /// first attempt's body and the id of its reader. A body that cannot be replayed is
     /// given back as it is, to be sent once. The first attempt sends the request's own
     /// parts; the later ones, copies.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn first_attempt(
         &mut self,
         parts: &mut http::request::Parts,
