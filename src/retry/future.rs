@@ -13,7 +13,7 @@ use tower_service::Service;
 
 use crate::BoxError;
 use crate::backoff::Step;
-use crate::body::{BufferLimits, Replay};
+use crate::body::Replay;
 use crate::call::{Call, Shared, annotate, deadline_fired, no_result};
 use crate::classify::{AttemptResult, Classify, Outcome, grpc_status};
 use crate::error::{attempt_timed_out, deadline_exceeded};
@@ -86,36 +86,31 @@ pin_project! {
 }
 
 impl<S, B: Replay> FirstState<S, B> {
-    /// What a call keeps while its first attempt is in flight, with the call's body
-    /// prepared in place (see [`Call::first_attempt`]); gives the first attempt's body.
+    /// What a call keeps while its first attempt is in flight, still without its
+    /// [`Start`]: the caller writes that into the box, where it stays (see
+    /// [`Retry::call_with_policy`](super::Retry)).
     ///
-    /// The box is allocated before it is filled, and the body is prepared once the call is
-    /// in it: the state is written in place rather than made on the stack and copied.
+    /// The box is allocated before it is filled, so that the state is written in place
+    /// rather than made on the stack and copied.
     #[inline]
-    pub(crate) fn boxed(
-        start: Start<S, B>,
-        per_attempt_timeout: Option<Duration>,
-        parts: &mut http::request::Parts,
-        body: B,
-        limits: &BufferLimits,
-    ) -> (Pin<Box<Self>>, B) {
+    pub(crate) fn boxed(per_attempt_timeout: Option<Duration>) -> Box<Self> {
         // The clock is read only when a per-attempt timeout needs it.
         let attempt_deadline =
             per_attempt_timeout.and_then(|timeout| Instant::now().checked_add(timeout));
-        let mut state = Box::write(
+        Box::write(
             Box::new_uninit(),
             FirstState {
                 timer: None,
                 attempt_deadline,
-                start: Some(start),
+                start: None,
             },
-        );
-        let first = match &mut state.start {
-            Some(start) => start.call.first_attempt(parts, body, limits).0,
-            // Never: it was set just above.
-            None => body,
-        };
-        (Box::into_pin(state), first)
+        )
+    }
+
+    /// Where the call's [`Start`] goes, before the state is pinned.
+    #[inline]
+    pub(crate) fn start_slot(&mut self) -> &mut Option<Start<S, B>> {
+        &mut self.start
     }
 }
 
@@ -192,11 +187,11 @@ where
     /// inner future, already called on the service that was polled ready, and `state` what
     /// the call keeps for the attempts that may follow ([`FirstState::boxed`]).
     #[inline]
-    pub(crate) fn first(first: S::Future, state: Pin<Box<FirstState<S, B>>>) -> Self {
+    pub(crate) fn first(first: S::Future, state: Box<FirstState<S, B>>) -> Self {
         ResponseFuture {
             kind: Kind::First {
                 future: first,
-                state,
+                state: Box::into_pin(state),
             },
         }
     }

@@ -257,21 +257,30 @@ impl<S: Clone> Retry<S> {
         // a clone into `self` instead would leave every call a cold service: a tonic
         // `Channel` clone allocates again for its first `poll_ready`.)
         let shared = Shared::get_or_make(&mut self.shared, &self.inner, &self.policies);
-        let mut start = Start {
-            shared: Arc::clone(shared),
-            call: Call::new(&parts, timeout, false),
-            index,
-            authority_throttle,
-            span,
-        };
+        let shared = Arc::clone(shared);
         if hedge_on_timeout {
+            let mut start = Start {
+                shared,
+                call: Call::new(&parts, timeout, false),
+                index,
+                authority_throttle,
+                span,
+            };
             let (first, _reader) = start.call.first_attempt(&mut parts, body, limits);
             let future = self.inner.call(Request::from_parts(parts, first));
             return ResponseFuture::engine(start, future);
         }
-        let (state, first) =
-            FirstState::boxed(start, per_attempt_timeout, &mut parts, body, limits);
-        // Made last, so that the inner future is written straight into the response future.
+        // The box is allocated first and the call made in it: a few hundred bytes made on
+        // the stack would be copied on their way in.
+        let mut state = FirstState::boxed(per_attempt_timeout);
+        let start = state.start_slot().insert(Start {
+            shared,
+            call: Call::new(&parts, timeout, false),
+            index,
+            authority_throttle,
+            span,
+        });
+        let (first, _reader) = start.call.first_attempt(&mut parts, body, limits);
         ResponseFuture::first(self.inner.call(Request::from_parts(parts, first)), state)
     }
 }
