@@ -129,6 +129,27 @@ pub(crate) struct Start<S, B: Replay> {
     pub(crate) span: tracing::Span,
 }
 
+impl<S, B: Replay> Start<S, B> {
+    /// A call with the retry policy at `index`, for a request with these parts.
+    #[inline(always)]
+    pub(crate) fn new(
+        shared: Arc<Shared<S>>,
+        parts: &http::request::Parts,
+        timeout: Option<Duration>,
+        index: usize,
+        authority_throttle: Option<ThrottleHandle>,
+        span: tracing::Span,
+    ) -> Self {
+        Start {
+            shared,
+            call: Call::new(parts, timeout, false),
+            index,
+            authority_throttle,
+            span,
+        }
+    }
+}
+
 impl<S: Clone, B: Replay> Start<S, B> {
     fn policies(&self) -> &Policies {
         &self.shared.policies

@@ -139,7 +139,7 @@ use self::future::{Credit, FirstState, Start};
 pub use self::layer::RetryLayer;
 use crate::BoxError;
 use crate::body::Replay;
-use crate::call::{Call, Shared, is_grpc};
+use crate::call::{Shared, is_grpc};
 use crate::policy::{MethodPolicy, Policies};
 
 /// Retries requests by their method's [`RetryPolicy`](crate::RetryPolicy): see
@@ -259,13 +259,7 @@ impl<S: Clone> Retry<S> {
         let shared = Shared::get_or_make(&mut self.shared, &self.inner, &self.policies);
         let shared = Arc::clone(shared);
         if hedge_on_timeout {
-            let mut start = Start {
-                shared,
-                call: Call::new(&parts, timeout, false),
-                index,
-                authority_throttle,
-                span,
-            };
+            let mut start = Start::new(shared, &parts, timeout, index, authority_throttle, span);
             let (first, _reader) = start.call.first_attempt(&mut parts, body, limits);
             let future = self.inner.call(Request::from_parts(parts, first));
             return ResponseFuture::engine(start, future);
@@ -273,13 +267,14 @@ impl<S: Clone> Retry<S> {
         // The box is allocated first and the call made in it: a few hundred bytes made on
         // the stack would be copied on their way in.
         let mut state = FirstState::boxed(per_attempt_timeout);
-        let start = state.start_slot().insert(Start {
+        let start = state.start_slot().insert(Start::new(
             shared,
-            call: Call::new(&parts, timeout, false),
+            &parts,
+            timeout,
             index,
             authority_throttle,
             span,
-        });
+        ));
         let (first, _reader) = start.call.first_attempt(&mut parts, body, limits);
         ResponseFuture::first(self.inner.call(Request::from_parts(parts, first)), state)
     }
