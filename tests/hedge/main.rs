@@ -8,6 +8,9 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+// The mock helpers of the retry tests: Trailers-Only responses.
+#[path = "../retry/support.rs"]
+mod support;
 
 #[cfg(feature = "tonic")]
 mod grpc;
@@ -39,6 +42,8 @@ use tower_retry_hedge::{
     BoxError, BufferLimits, HedgeLayer, HedgePolicy, Policies, RetryLayer, RetryPolicy,
 };
 use tower_test::mock;
+
+use support::trailers_only;
 
 type Req = Request<Full<Bytes>>;
 type Res = Response<()>;
@@ -89,17 +94,6 @@ fn request_to(path: &str) -> Req {
 
 fn grpc_request() -> Req {
     request_to(METHOD)
-}
-
-/// A Trailers-Only response with `code` and, maybe, a raw pushback value.
-fn trailers_only(code: Code, pushback: Option<&'static str>) -> Res {
-    let mut response = Response::builder()
-        .header("content-type", "application/grpc")
-        .header("grpc-status", code.header_value());
-    if let Some(p) = pushback {
-        response = response.header("grpc-retry-pushback-ms", p);
-    }
-    response.body(()).unwrap()
 }
 
 /// A Trailers-Only OK.
