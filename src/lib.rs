@@ -115,6 +115,7 @@ mod call;
 pub mod classify;
 pub mod config;
 pub mod error;
+mod grpc_path;
 pub mod grpc_timeout;
 pub mod guide;
 pub mod hedge;
