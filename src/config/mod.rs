@@ -174,10 +174,10 @@
 //! configs are a few kilobytes.
 
 mod duration;
+mod error;
 mod policies;
 
 use std::collections::HashMap;
-use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -188,6 +188,7 @@ use crate::classify::{Code, GrpcCodes};
 use crate::grpc_path;
 
 pub use duration::{DurationError, format_duration, parse_duration};
+pub use error::{ConfigError, Rule};
 
 /// The longest service-config document [`ServiceConfig::from_json`] parses, in bytes
 /// (1 MiB). gRPC service configs are a few hundred bytes; DNS TXT records carrying
@@ -206,242 +207,6 @@ pub const MAX_STATUS_CODES: usize = 100;
 
 /// The largest number of seconds a proto3 `Duration` may hold (10 000 years).
 pub const MAX_DURATION_SECONDS: u64 = 315_576_000_000;
-
-/// The longest a value quoted in an error message may be, in characters.
-const MAX_QUOTED_CHARS: usize = 64;
-
-// ---------------------------------------------------------------------------------
-// Errors
-// ---------------------------------------------------------------------------------
-
-/// The rule a service config broke; see [`ConfigError`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Rule {
-    /// The document is not JSON (or nests deeper than 128 levels).
-    Json {
-        /// 1-based line of the error.
-        line: usize,
-        /// 1-based column of the error.
-        column: usize,
-        /// What serde_json found wrong, such as `expected value`.
-        message: String,
-    },
-    /// The document is longer than [`MAX_DOCUMENT_BYTES`].
-    DocumentTooLarge {
-        /// The limit, in bytes.
-        max: usize,
-    },
-    /// An array has more entries than its limit ([`MAX_METHOD_CONFIGS`],
-    /// [`MAX_STATUS_CODES`]).
-    TooManyEntries {
-        /// The limit.
-        max: usize,
-    },
-    /// All method configs together have more than [`MAX_NAMES`] names.
-    TooManyNames {
-        /// The limit.
-        max: usize,
-    },
-    /// A required field is absent (or `null`).
-    Missing,
-    /// A value has the wrong JSON type.
-    WrongType {
-        /// What it must be, such as `an object`.
-        expected: &'static str,
-    },
-    /// `maxAttempts` is not an integer >= 2.
-    MaxAttempts,
-    /// A duration string is not a proto3 JSON duration (never
-    /// [`DurationError::Negative`]: that is [`Rule::Negative`] or [`Rule::NotPositive`]).
-    Duration(DurationError),
-    /// A backoff duration is zero or negative.
-    NotPositive,
-    /// A duration that must be >= 0 (`timeout`, `hedgingDelay`) is negative.
-    Negative,
-    /// `backoffMultiplier` is not a number > 0.
-    BackoffMultiplier,
-    /// `retryableStatusCodes` is an empty array.
-    EmptyStatusCodes,
-    /// A status code is neither an integer 0-16 nor a gRPC status code name.
-    UnknownStatusCode,
-    /// A method config holds both `retryPolicy` and `hedgingPolicy`.
-    BothPolicies,
-    /// `maxTokens` is not an integer in (0, 1000].
-    MaxTokens,
-    /// `tokenRatio` is not a number that is > 0 once cut to three decimals.
-    TokenRatio,
-    /// A name has a `method` but no `service`.
-    MethodWithoutService,
-    /// The same service/method name appears twice.
-    DuplicateName {
-        /// The path of the first occurrence, such as `methodConfig[0].name[1]`.
-        first: String,
-    },
-    /// A second default name (no service, no method).
-    DuplicateDefault {
-        /// The path of the first default name.
-        first: String,
-    },
-    /// `maxRequestMessageBytes` or `maxResponseMessageBytes` is not an integer >= 0.
-    MessageBytes,
-}
-
-impl fmt::Display for Rule {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Rule::Json {
-                line,
-                column,
-                message,
-            } => write!(f, "invalid JSON at line {line} column {column}: {message}"),
-            Rule::DocumentTooLarge { max } => write!(f, "must be at most {max} bytes long"),
-            Rule::TooManyEntries { max } => write!(f, "must have at most {max} entries"),
-            Rule::TooManyNames { max } => {
-                write!(
-                    f,
-                    "all method configs together may have at most {max} names"
-                )
-            }
-            Rule::Missing => f.write_str("is required"),
-            Rule::WrongType { expected } => write!(f, "must be {expected}"),
-            Rule::MaxAttempts => f.write_str("must be an integer >= 2"),
-            Rule::Duration(error) => write!(f, "must be a proto3 JSON duration: {error}"),
-            Rule::NotPositive => f.write_str("must be a duration > 0"),
-            Rule::Negative => f.write_str("must be a duration >= 0"),
-            Rule::BackoffMultiplier => f.write_str("must be a number > 0"),
-            Rule::EmptyStatusCodes => f.write_str("must hold at least one status code"),
-            Rule::UnknownStatusCode => f.write_str(
-                "must be a gRPC status code: an integer 0-16 or a case-insensitive name",
-            ),
-            Rule::BothPolicies => f.write_str("must not hold both retryPolicy and hedgingPolicy"),
-            Rule::MaxTokens => f.write_str("must be an integer in (0, 1000]"),
-            Rule::TokenRatio => {
-                f.write_str("must be a number >= 0.001 (digits past the third decimal are dropped)")
-            }
-            Rule::MethodWithoutService => f.write_str("names a method but no service"),
-            Rule::DuplicateName { first } => write!(f, "repeats the name at {first}"),
-            Rule::DuplicateDefault { first } => write!(
-                f,
-                "is a second default name (no service); the first is at {first}"
-            ),
-            Rule::MessageBytes => f.write_str("must be an integer >= 0"),
-        }
-    }
-}
-
-/// A service config that breaks a rule: where (a JSON path such as
-/// `methodConfig[0].retryPolicy.maxAttempts`), which [`Rule`], and the offending value.
-///
-/// ```
-/// use tower_retry_hedge::config::{Rule, ServiceConfig};
-///
-/// let err = ServiceConfig::from_json("{\"methodConfig\": [}").unwrap_err();
-/// assert!(matches!(err.rule(), Rule::Json { line: 1, column: 19, .. }));
-/// assert_eq!(err.path(), "");
-/// assert_eq!(
-///     err.to_string(),
-///     "service config: invalid JSON at line 1 column 19: expected value"
-/// );
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigError {
-    path: String,
-    rule: Rule,
-    got: Option<String>,
-}
-
-impl ConfigError {
-    fn new(path: impl Into<String>, rule: Rule) -> ConfigError {
-        ConfigError {
-            path: path.into(),
-            rule,
-            got: None,
-        }
-    }
-
-    fn got(path: impl Into<String>, rule: Rule, value: &Value) -> ConfigError {
-        ConfigError {
-            path: path.into(),
-            rule,
-            got: Some(quote(value)),
-        }
-    }
-
-    fn from_json_error(error: &serde_json::Error) -> ConfigError {
-        let (line, column) = (error.line(), error.column());
-        let full = error.to_string();
-        let suffix = format!(" at line {line} column {column}");
-        let message = full.strip_suffix(&suffix).unwrap_or(&full).to_owned();
-        ConfigError::new(
-            "",
-            Rule::Json {
-                line,
-                column,
-                message,
-            },
-        )
-    }
-
-    /// The JSON path of the offending value, such as `retryThrottling.maxTokens` or
-    /// `methodConfig[2].name[0]`; empty for the document itself.
-    pub fn path(&self) -> &str {
-        &self.path
-    }
-
-    /// The rule broken.
-    pub fn rule(&self) -> &Rule {
-        &self.rule
-    }
-
-    /// The offending value, as JSON text cut to 64 characters (or its JSON type for
-    /// objects and arrays, or the document length for [`Rule::DocumentTooLarge`]), when
-    /// there is one.
-    pub fn value(&self) -> Option<&str> {
-        self.got.as_deref()
-    }
-}
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.path.is_empty() {
-            write!(f, "service config: {}", self.rule)?;
-        } else {
-            write!(f, "{}: {}", self.path, self.rule)?;
-        }
-        if let Some(got) = &self.got {
-            write!(f, ", got {got}")?;
-        }
-        Ok(())
-    }
-}
-
-impl std::error::Error for ConfigError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match &self.rule {
-            Rule::Duration(error) => Some(error),
-            _ => None,
-        }
-    }
-}
-
-/// A short, bounded rendering of a JSON value for error messages.
-fn quote(value: &Value) -> String {
-    match value {
-        Value::Null => "null".to_owned(),
-        Value::Bool(b) => b.to_string(),
-        Value::Number(n) => n.to_string(),
-        Value::String(s) => {
-            let mut cut: String = s.chars().take(MAX_QUOTED_CHARS).collect();
-            if cut.len() < s.len() {
-                cut.push('\u{2026}');
-            }
-            format!("{cut:?}")
-        }
-        Value::Array(_) => "an array".to_owned(),
-        Value::Object(_) => "an object".to_owned(),
-    }
-}
 
 // ---------------------------------------------------------------------------------
 // The model
@@ -735,13 +500,7 @@ impl ServiceConfig {
     /// Documents longer than [`MAX_DOCUMENT_BYTES`] are refused before parsing.
     pub fn from_json(json: &str) -> Result<ServiceConfig, ConfigError> {
         if json.len() > MAX_DOCUMENT_BYTES {
-            return Err(ConfigError {
-                path: String::new(),
-                rule: Rule::DocumentTooLarge {
-                    max: MAX_DOCUMENT_BYTES,
-                },
-                got: Some(format!("{} bytes", json.len())),
-            });
+            return Err(ConfigError::document_too_large(json.len()));
         }
         let value: Value =
             serde_json::from_str(json).map_err(|e| ConfigError::from_json_error(&e))?;
@@ -1391,12 +1150,5 @@ mod tests {
         assert_eq!(int("\"2\""), None);
         assert_eq!(int("1e30"), Some(Ok(u64::MAX)));
         assert_eq!(int("18446744073709551616"), Some(Ok(u64::MAX)));
-    }
-
-    #[test]
-    fn quoted_values_are_bounded() {
-        let long = Value::String("x".repeat(10_000));
-        assert!(quote(&long).chars().count() <= MAX_QUOTED_CHARS + 3);
-        assert_eq!(quote(&Value::Array(vec![])), "an array");
     }
 }
