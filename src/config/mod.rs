@@ -175,6 +175,7 @@
 
 mod duration;
 mod error;
+mod model;
 mod policies;
 
 use std::collections::HashMap;
@@ -189,6 +190,9 @@ use crate::grpc_path;
 
 pub use duration::{DurationError, format_duration, parse_duration};
 pub use error::{ConfigError, Rule};
+pub use model::{
+    HedgingPolicyConfig, MethodConfig, MethodName, MethodPolicy, RetryPolicyConfig, RetryThrottling,
+};
 
 /// The longest service-config document [`ServiceConfig::from_json`] parses, in bytes
 /// (1 MiB). gRPC service configs are a few hundred bytes; DNS TXT records carrying
@@ -211,193 +215,6 @@ pub const MAX_DURATION_SECONDS: u64 = 315_576_000_000;
 // ---------------------------------------------------------------------------------
 // The model
 // ---------------------------------------------------------------------------------
-
-/// The name a method config applies to: one method (`service` and `method`), a whole
-/// service (`method` is `None`), or every method (the default: empty `service`, no
-/// `method`).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct MethodName {
-    service: String,
-    method: Option<String>,
-}
-
-impl MethodName {
-    /// The fully-qualified service name, such as `helloworld.Greeter`; empty for the
-    /// default name.
-    pub fn service(&self) -> &str {
-        &self.service
-    }
-
-    /// The method name, such as `SayHello`; `None` when the name covers the whole
-    /// service (or is the default).
-    pub fn method(&self) -> Option<&str> {
-        self.method.as_deref()
-    }
-
-    /// Whether this is the default name, which applies to every method not otherwise
-    /// named.
-    pub fn is_default(&self) -> bool {
-        self.service.is_empty()
-    }
-}
-
-/// A validated `retryPolicy`.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct RetryPolicyConfig {
-    max_attempts: u32,
-    initial_backoff: Duration,
-    max_backoff: Duration,
-    backoff_multiplier: f64,
-    retryable_status_codes: GrpcCodes,
-}
-
-impl RetryPolicyConfig {
-    /// `maxAttempts`: attempts in all, the original one included; >= 2, as given
-    /// (saturated to `u32::MAX`), not yet clamped to the client's cap.
-    pub fn max_attempts(&self) -> u32 {
-        self.max_attempts
-    }
-
-    /// `initialBackoff`: > 0.
-    pub fn initial_backoff(&self) -> Duration {
-        self.initial_backoff
-    }
-
-    /// `maxBackoff`: > 0; may be below `initial_backoff` (then every delay is
-    /// `max_backoff`).
-    pub fn max_backoff(&self) -> Duration {
-        self.max_backoff
-    }
-
-    /// `backoffMultiplier`: finite and > 0.
-    pub fn backoff_multiplier(&self) -> f64 {
-        self.backoff_multiplier
-    }
-
-    /// `retryableStatusCodes`: never empty.
-    pub fn retryable_status_codes(&self) -> GrpcCodes {
-        self.retryable_status_codes
-    }
-}
-
-/// A validated `hedgingPolicy`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct HedgingPolicyConfig {
-    max_attempts: u32,
-    hedging_delay: Duration,
-    non_fatal_status_codes: GrpcCodes,
-}
-
-impl HedgingPolicyConfig {
-    /// `maxAttempts`: attempts in all, the original one included; >= 2, as given
-    /// (saturated to `u32::MAX`), not yet clamped to the client's cap.
-    pub fn max_attempts(&self) -> u32 {
-        self.max_attempts
-    }
-
-    /// `hedgingDelay`: zero (send all attempts at once) when absent.
-    pub fn hedging_delay(&self) -> Duration {
-        self.hedging_delay
-    }
-
-    /// `nonFatalStatusCodes`: empty when absent.
-    pub fn non_fatal_status_codes(&self) -> GrpcCodes {
-        self.non_fatal_status_codes
-    }
-}
-
-/// The policy of a method config: retries or hedging, never both.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum MethodPolicy {
-    /// A `retryPolicy`.
-    Retry(RetryPolicyConfig),
-    /// A `hedgingPolicy`.
-    Hedging(HedgingPolicyConfig),
-}
-
-/// One validated entry of `methodConfig`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct MethodConfig {
-    names: Vec<MethodName>,
-    policy: Option<MethodPolicy>,
-    timeout: Option<Duration>,
-    wait_for_ready: Option<bool>,
-    max_request_message_bytes: Option<u64>,
-    max_response_message_bytes: Option<u64>,
-}
-
-impl MethodConfig {
-    /// The names this config applies to (possibly none).
-    pub fn names(&self) -> &[MethodName] {
-        &self.names
-    }
-
-    /// The retry or hedging policy, if any.
-    pub fn policy(&self) -> Option<&MethodPolicy> {
-        self.policy.as_ref()
-    }
-
-    /// The retry policy, if the policy is one.
-    pub fn retry_policy(&self) -> Option<&RetryPolicyConfig> {
-        match &self.policy {
-            Some(MethodPolicy::Retry(retry)) => Some(retry),
-            _ => None,
-        }
-    }
-
-    /// The hedging policy, if the policy is one.
-    pub fn hedging_policy(&self) -> Option<&HedgingPolicyConfig> {
-        match &self.policy {
-            Some(MethodPolicy::Hedging(hedging)) => Some(hedging),
-            _ => None,
-        }
-    }
-
-    /// `timeout`: the default deadline of a call, across all its attempts. May be
-    /// zero (see the module docs).
-    pub fn timeout(&self) -> Option<Duration> {
-        self.timeout
-    }
-
-    /// `waitForReady`, kept for callers.
-    pub fn wait_for_ready(&self) -> Option<bool> {
-        self.wait_for_ready
-    }
-
-    /// `maxRequestMessageBytes`, kept for callers.
-    pub fn max_request_message_bytes(&self) -> Option<u64> {
-        self.max_request_message_bytes
-    }
-
-    /// `maxResponseMessageBytes`, kept for callers.
-    pub fn max_response_message_bytes(&self) -> Option<u64> {
-        self.max_response_message_bytes
-    }
-}
-
-/// A validated `retryThrottling`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct RetryThrottling {
-    max_tokens: u32,
-    token_ratio_milli: u32,
-}
-
-impl RetryThrottling {
-    /// `maxTokens`: in 1..=1000.
-    pub fn max_tokens(&self) -> u32 {
-        self.max_tokens
-    }
-
-    /// `tokenRatio` in thousandths, digits past the third decimal dropped: >= 1.
-    pub fn token_ratio_milli(&self) -> u32 {
-        self.token_ratio_milli
-    }
-
-    /// `tokenRatio`, as the three-decimal value in force (0.5466 gives 0.546).
-    pub fn token_ratio(&self) -> f64 {
-        f64::from(self.token_ratio_milli) / 1000.0
-    }
-}
 
 /// Where a name was found: method config `config`, name `name` within it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
