@@ -175,10 +175,10 @@
 
 mod duration;
 mod error;
+mod index;
 mod model;
 mod policies;
 
-use std::collections::HashMap;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -187,6 +187,7 @@ use serde_json::{Map, Number, Value};
 
 use crate::classify::{Code, GrpcCodes};
 use crate::grpc_path;
+use index::{NameIndex, Slot};
 
 pub use duration::{DurationError, format_duration, parse_duration};
 pub use error::{ConfigError, Rule};
@@ -215,77 +216,6 @@ pub const MAX_DURATION_SECONDS: u64 = 315_576_000_000;
 // ---------------------------------------------------------------------------------
 // The model
 // ---------------------------------------------------------------------------------
-
-/// Where a name was found: method config `config`, name `name` within it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Slot {
-    config: usize,
-    name: usize,
-}
-
-impl Slot {
-    fn path(self) -> String {
-        format!("methodConfig[{}].name[{}]", self.config, self.name)
-    }
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-struct ServiceSlots {
-    whole: Option<Slot>,
-    methods: HashMap<String, Slot>,
-}
-
-/// The names of all method configs, for lookups without allocation.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-struct NameIndex {
-    default: Option<Slot>,
-    services: HashMap<String, ServiceSlots>,
-}
-
-impl NameIndex {
-    fn insert(&mut self, name: &MethodName, slot: Slot) -> Result<(), ConfigError> {
-        let existing = if name.is_default() {
-            match self.default {
-                Some(first) => {
-                    return Err(ConfigError::new(
-                        slot.path(),
-                        Rule::DuplicateDefault {
-                            first: first.path(),
-                        },
-                    ));
-                }
-                None => &mut self.default,
-            }
-        } else {
-            let service = self.services.entry(name.service.clone()).or_default();
-            match &name.method {
-                None => &mut service.whole,
-                Some(method) => {
-                    if let Some(first) = service.methods.get(method) {
-                        return Err(ConfigError::new(
-                            slot.path(),
-                            Rule::DuplicateName {
-                                first: first.path(),
-                            },
-                        ));
-                    }
-                    service.methods.insert(method.clone(), slot);
-                    return Ok(());
-                }
-            }
-        };
-        if let Some(first) = existing {
-            return Err(ConfigError::new(
-                slot.path(),
-                Rule::DuplicateName {
-                    first: first.path(),
-                },
-            ));
-        }
-        *existing = Some(slot);
-        Ok(())
-    }
-}
 
 /// A validated gRPC service config: its method configs and its retry throttling.
 ///
@@ -369,7 +299,7 @@ impl ServiceConfig {
 
     /// The method config of the default name (`{}`), if any.
     pub fn default_method_config(&self) -> Option<&MethodConfig> {
-        self.at(self.index.default)
+        self.at(self.index.find_default())
     }
 
     /// The method config that applies to `method` of `service` (such as
@@ -394,12 +324,7 @@ impl ServiceConfig {
     /// # Ok::<(), tower_retry_hedge::config::ConfigError>(())
     /// ```
     pub fn method_config(&self, service: &str, method: &str) -> Option<&MethodConfig> {
-        let named = self
-            .index
-            .services
-            .get(service)
-            .and_then(|slots| slots.methods.get(method).copied().or(slots.whole));
-        self.at(named.or(self.index.default))
+        self.at(self.index.find(service, method))
     }
 
     /// The method config for a gRPC request path, `/package.Service/Method`, as
