@@ -5,10 +5,11 @@ use std::time::Duration;
 
 use serde_json::{Map, Number, Value};
 
+use super::index::Slot;
 use super::{
     ConfigError, DurationError, HedgingPolicyConfig, MAX_METHOD_CONFIGS, MAX_NAMES,
     MAX_STATUS_CODES, MethodConfig, MethodName, MethodPolicy, RetryPolicyConfig, RetryThrottling,
-    Rule, ServiceConfig, Slot, parse_duration,
+    Rule, ServiceConfig, parse_duration,
 };
 use crate::classify::{Code, GrpcCodes};
 
