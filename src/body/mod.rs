@@ -269,7 +269,7 @@ struct Commit {
 enum Reason {
     /// A chunk would have taken the record over a limit.
     Limit(Overflow),
-    /// [`ReplayBody::commit`] chose another reader.
+    /// The call chose another reader ([`ReplayBody::commit_to`]).
     Chosen,
     /// The source failed, with this (bounded) message.
     SourceFailed(Arc<str>),
