@@ -2,6 +2,7 @@
 
 use bytes::Bytes;
 use http_body_util::{Empty, Full};
+use std::task::{Context, Poll};
 
 use super::{BoxError, BufferLimits, ReplayBody};
 
@@ -43,6 +44,80 @@ pub trait Copies<B> {
 
     /// After commit, the reader id of the attempt that goes on.
     fn committed_reader(&self) -> Option<u64>;
+
+    /// Commits the call to the attempt whose body is reader `reader`, unless the call is
+    /// committed already; returns whether the call is now committed to `reader`.
+    ///
+    /// What the recorded body holds goes back to the budget at once: every chunk that attempt
+    /// has sent, and the rest as it sends them; every other attempt's body fails with
+    /// [`NotReplayable`](super::NotReplayable). A reader that has been dropped may be
+    /// committed to (the whole record is then freed); an id the call never gave out commits
+    /// nothing and returns `false` (see [`ReplayBody::commit_to`]). Copies that record
+    /// nothing ([`Clones`]) have nothing to commit: this returns `true` and changes nothing.
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use http_body_util::{BodyExt, Full, StreamBody};
+    /// use futures_util::stream;
+    /// use http_body::Frame;
+    /// use std::convert::Infallible;
+    /// use tower_retry_hedge::body::{BufferLimits, Copies, Replay, ReplayBody};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower_retry_hedge::body::BoxError> {
+    /// let limits = BufferLimits::default();
+    /// let frames = ["ab", "cd"].map(|s| Ok::<_, Infallible>(Frame::data(Bytes::from(s))));
+    /// let body = ReplayBody::try_new(StreamBody::new(stream::iter(frames)), &limits)
+    ///     .map_err(|_| "body too large to replay")?;
+    /// let copies = body.prepare(&limits).map_err(|_| "body too large to replay")?;
+    ///
+    /// let (first, reader) = copies.first();
+    /// assert_eq!(first.collect().await?.to_bytes(), "abcd");
+    /// assert_eq!(limits.in_use(), 4);
+    /// assert!(copies.commit(reader)); // its response has come
+    /// assert_eq!(limits.in_use(), 0);
+    /// assert!(copies.copy().is_none());
+    /// # Ok(())
+    /// # }
+    /// ```
+    fn commit(&self, reader: u64) -> bool;
+
+    /// `Ready` with the committed reader's id once the call is committed, whatever committed
+    /// it; otherwise `Pending`, and `cx`'s waker is woken when the call commits.
+    ///
+    /// A recorded body commits itself when it outgrows a limit or its source fails, inside
+    /// whichever task polls it (often the transport's, not the caller's): this is how the
+    /// call learns of it, within one wake-up, to cancel its other attempts. One waker is
+    /// kept per call, each registration replacing the one before. [`Clones`] can never
+    /// commit: they stay `Pending` and register nothing.
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use futures_util::stream;
+    /// use http_body::Frame;
+    /// use http_body_util::{BodyExt, StreamBody};
+    /// use std::convert::Infallible;
+    /// use std::task::{Context, Poll, Waker};
+    /// use tower_retry_hedge::body::{BufferLimits, Copies, Replay, ReplayBody};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower_retry_hedge::body::BoxError> {
+    /// let limits = BufferLimits::new(4, 1024);
+    /// let frames = ["abc", "def"].map(|s| Ok::<_, Infallible>(Frame::data(Bytes::from(s))));
+    /// let body = ReplayBody::try_new(StreamBody::new(stream::iter(frames)), &limits)
+    ///     .map_err(|_| "body too large to replay")?;
+    /// let copies = body.prepare(&limits).map_err(|_| "body too large to replay")?;
+    /// let (first, reader) = copies.first();
+    ///
+    /// let mut cx = Context::from_waker(Waker::noop());
+    /// assert!(copies.poll_committed(&mut cx).is_pending());
+    /// // The transport sends the body; 6 bytes outgrow the 4-byte limit.
+    /// tokio::spawn(first.collect()).await??;
+    /// assert_eq!(copies.poll_committed(&mut cx), Poll::Ready(reader));
+    /// # Ok(())
+    /// # }
+    /// ```
+    fn poll_committed(&self, cx: &mut Context<'_>) -> Poll<u64>;
 }
 
 /// [`Copies`] of a body that is cheap to clone: every attempt gets a clone.
@@ -64,6 +139,14 @@ impl<B: Clone> Copies<B> for Clones<B> {
 
     fn committed_reader(&self) -> Option<u64> {
         None
+    }
+
+    fn commit(&self, _: u64) -> bool {
+        true
+    }
+
+    fn poll_committed(&self, _: &mut Context<'_>) -> Poll<u64> {
+        Poll::Pending
     }
 }
 
@@ -122,6 +205,14 @@ where
 
     fn committed_reader(&self) -> Option<u64> {
         self.template.committed_reader()
+    }
+
+    fn commit(&self, reader: u64) -> bool {
+        self.template.commit_to(reader)
+    }
+
+    fn poll_committed(&self, cx: &mut Context<'_>) -> Poll<u64> {
+        self.template.poll_committed(cx)
     }
 }
 

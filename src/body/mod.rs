@@ -36,8 +36,11 @@
 //!   the body as usual; the record is freed at once and its bytes go back to the budget;
 //!   every other reader, and every clone made later, fails with [`NotReplayable`], and
 //!   [`ReplayBody::is_committed`] tells the retry and hedge layers that no attempt may start.
-//! - The layers may commit a call themselves ([`ReplayBody::commit`]), for example once an
-//!   attempt receives response headers; the record is then freed as that reader sends it.
+//! - The layers may commit a call themselves, from any clone ([`ReplayBody::commit_to`]), for
+//!   example once an attempt receives response headers: what that reader has sent is freed at
+//!   once, even while it keeps streaming, and the rest of the record as it sends it.
+//! - However it commits, the call learns of it through [`ReplayBody::poll_committed`], woken
+//!   from whichever task made the commit, to cancel its other attempts.
 //!
 //! # Errors from the source
 //!
@@ -50,7 +53,8 @@
 //! # Memory
 //!
 //! The record, the source and the trailers live in one shared state behind an `Arc`, and are
-//! released when the last clone is dropped (or, for the record, when the call is committed).
+//! released when the last clone is dropped (or, for the record, once the call is committed,
+//! as the reader it is committed to sends it, and at once when that reader is dropped).
 //! Keep a never-polled clone as a template and clone it for each attempt: it holds the record
 //! only for as long as it lives, and since it never sends anything it is never the reader a
 //! call commits to.
@@ -114,7 +118,9 @@
 //! ```
 
 mod buffer;
+mod commit;
 mod copies;
+mod positions;
 mod wake;
 
 pub use buffer::BufferLimits;
@@ -124,9 +130,9 @@ use buffer::{Overflow, Record};
 use bytes::{Buf, Bytes};
 use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
+use positions::Positions;
 use std::fmt;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::task::{Context, Poll, Waker};
 use wake::Waiters;
@@ -176,8 +182,6 @@ struct Shared<B> {
     /// source makes a reader wait: a source that is always ready, such as a unary gRPC
     /// message or a buffered body, never needs them.
     waiters: OnceLock<SourceWaker>,
-    /// The id the next clone gets.
-    next_id: AtomicU64,
 }
 
 /// The readers waiting for the source, and the waker that wakes them all.
@@ -208,6 +212,13 @@ struct State<B> {
     end: Option<End>,
     /// The reader the call is committed to, once it is.
     commit: Option<Commit>,
+    /// Where each live reader is in the record.
+    positions: Positions,
+    /// The id the next clone gets.
+    next_id: u64,
+    /// The call's waiter for a commit ([`ReplayBody::poll_committed`]); taken and woken by
+    /// the commit.
+    commit_waker: Option<Waker>,
 }
 
 /// The source body, where it can be polled from: `poll_frame` takes it pinned.
@@ -258,7 +269,7 @@ struct Commit {
 enum Reason {
     /// A chunk would have taken the record over a limit.
     Limit(Overflow),
-    /// [`ReplayBody::commit`] chose another reader.
+    /// The call chose another reader ([`ReplayBody::commit_to`]).
     Chosen,
     /// The source failed, with this (bounded) message.
     SourceFailed(Arc<str>),
@@ -268,8 +279,9 @@ enum Reason {
 #[derive(Debug)]
 struct Cursor {
     id: u64,
-    /// The number of the next recorded chunk this reader sends.
-    next_chunk: usize,
+    /// This reader's slot in [`State::positions`], which holds the number of the next
+    /// recorded chunk it sends.
+    slot: usize,
     bytes_read: u64,
     /// This reader has sent its last frame, or its error.
     done: bool,
@@ -287,6 +299,8 @@ struct After<'a, B> {
     wake_others: bool,
     /// A source that has ended, dropped outside the lock.
     finished: Option<Source<B>>,
+    /// The call's waiter for a commit, when this poll committed the call.
+    commit_waker: Option<Waker>,
 }
 
 impl<B> Drop for After<'_, B> {
@@ -296,6 +310,9 @@ impl<B> Drop for After<'_, B> {
         drop(self.finished.take());
         if self.wake_others {
             self.shared.wake_waiting_except(Some(self.reader));
+        }
+        if let Some(waker) = self.commit_waker.take() {
+            waker.wake();
         }
     }
 }
@@ -361,19 +378,23 @@ where
         } else {
             (Some(source(body)), None)
         };
+        let mut positions = Positions::default();
+        let slot = positions.insert(0);
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 source,
                 record: Record::new(limits.clone()),
                 end,
                 commit: None,
+                positions,
+                next_id: 1,
+                commit_waker: None,
             }),
             waiters: OnceLock::new(),
-            next_id: AtomicU64::new(1),
         });
         Ok(ReplayBody {
             shared,
-            cursor: Cursor::new(0),
+            cursor: Cursor::new(0, slot),
         })
     }
 }
@@ -407,50 +428,6 @@ impl<B> ReplayBody<B> {
     pub fn bytes_read(&self) -> u64 {
         self.cursor.bytes_read
     }
-
-    /// Commits the call to this reader, unless it is committed already.
-    ///
-    /// For the retry and hedge layers, once an attempt is known to be the last (its response
-    /// headers have arrived, say): every other reader fails with [`NotReplayable`], what this
-    /// reader has sent is freed at once and the rest of the record as this reader sends it.
-    /// Returns whether the call is now committed to this reader.
-    ///
-    /// Never commit to a template that is not sent: no reader could then finish the body.
-    ///
-    /// ```
-    /// use bytes::Bytes;
-    /// use http_body_util::Full;
-    /// use tower_retry_hedge::body::{BufferLimits, ReplayBody};
-    ///
-    /// let limits = BufferLimits::default();
-    /// let template = ReplayBody::try_new(Full::new(Bytes::from_static(b"x")), &limits)
-    ///     .map_err(|_| "body too large to replay")?;
-    /// let (first, second) = (template.clone(), template.clone());
-    /// assert!(second.commit());
-    /// assert!(!first.commit());
-    /// assert_eq!(template.committed_reader(), Some(second.reader_id()));
-    /// # Ok::<(), &str>(())
-    /// ```
-    pub fn commit(&self) -> bool {
-        let committed = {
-            let mut state = self.shared.lock();
-            if let Some(commit) = &state.commit {
-                return commit.reader == self.cursor.id;
-            }
-            state.commit = Some(Commit {
-                reader: self.cursor.id,
-                reason: Reason::Chosen,
-            });
-            state.record.free_before(self.cursor.next_chunk);
-            tracing::debug!(reader = self.cursor.id, "request body committed");
-            true
-        };
-        // Readers waiting at the front must learn that they will never be sent anything.
-        // This reader is woken too: waking takes every registration, and if it is itself
-        // waiting for the source, a registration lost here would never be renewed.
-        self.shared.wake_waiting_except(None);
-        committed
-    }
 }
 
 impl<B> Shared<B> {
@@ -469,10 +446,10 @@ impl<B> Shared<B> {
 }
 
 impl Cursor {
-    fn new(id: u64) -> Cursor {
+    fn new(id: u64, slot: usize) -> Cursor {
         Cursor {
             id,
-            next_chunk: 0,
+            slot,
             bytes_read: 0,
             done: false,
         }
@@ -518,17 +495,19 @@ where
         }
 
         // Behind the front: send the recorded chunk, the same `Bytes` the source gave.
-        if cursor.next_chunk < self.record.end() {
-            let Some(chunk) = self.record.get(cursor.next_chunk).cloned() else {
+        let next_chunk = self.positions.next_chunk(cursor.slot);
+        if next_chunk < self.record.end() {
+            let Some(chunk) = self.record.get(next_chunk).cloned() else {
                 // Chunks are freed only behind the reader the call is committed to, and
                 // that is not this one.
                 return Poll::Ready(Some(Err(cursor.fail(Reason::Chosen))));
             };
-            cursor.next_chunk = cursor.next_chunk.saturating_add(1);
+            let next_chunk = next_chunk.saturating_add(1);
+            self.positions.set_next_chunk(cursor.slot, next_chunk);
             cursor.sent(&chunk);
             if self.commit.is_some() {
                 // Committed to this reader: what it has sent will never be sent again.
-                self.record.free_before(cursor.next_chunk);
+                self.record.free_before(next_chunk);
             }
             return Poll::Ready(Some(Ok(Frame::data(chunk))));
         }
@@ -607,12 +586,15 @@ where
         let chunk = data.copy_to_bytes(len);
         cursor.sent(&chunk);
         if chunk.is_empty() || self.commit.is_some() {
-            // Nothing to record: an empty chunk, or a committed call.
+            // Nothing to record: an empty chunk, or a committed call, whose reader at the
+            // front has already had everything it sent freed by the commit.
             return Poll::Ready(Some(Ok(Frame::data(chunk))));
         }
         match self.record.try_push(&chunk) {
-            Ok(()) => cursor.next_chunk = self.record.end(),
-            Err(overflow) => self.overflow(overflow, cursor),
+            Ok(()) => self
+                .positions
+                .set_next_chunk(cursor.slot, self.record.end()),
+            Err(overflow) => self.overflow(overflow, cursor, after),
         }
         after.wake_others = true;
         Poll::Ready(Some(Ok(Frame::data(chunk))))
@@ -622,7 +604,7 @@ where
     /// to `cursor`, and the record freed.
     #[cold]
     #[inline(never)]
-    fn overflow(&mut self, overflow: Overflow, cursor: &Cursor) {
+    fn overflow(&mut self, overflow: Overflow, cursor: &Cursor, after: &mut After<'_, B>) {
         tracing::debug!(
             reader = cursor.id,
             bytes_read = cursor.bytes_read,
@@ -633,7 +615,9 @@ where
             reader: cursor.id,
             reason: Reason::Limit(overflow),
         });
+        // `cursor` is at the front: it has sent every recorded chunk.
         self.record.free_all();
+        after.commit_waker = self.commit_waker.take();
     }
 
     /// Records the trailers `cursor` pulled from the source, and sends them on; `None` for a
@@ -668,6 +652,7 @@ where
                 reader: cursor.id,
                 reason: Reason::SourceFailed(message),
             });
+            after.commit_waker = self.commit_waker.take();
         }
         self.record.free_all();
         self.finish(End::Failed, cursor, after, Poll::Ready(Some(Err(error))))
@@ -718,7 +703,7 @@ impl<B: Body> State<B> {
         if cursor.done || cursor.excluded(&self.commit).is_some() {
             return SizeHint::with_exact(0);
         }
-        let recorded = if cursor.next_chunk < self.record.end() {
+        let recorded = if self.positions.next_chunk(cursor.slot) < self.record.end() {
             self.record.end_offset().saturating_sub(cursor.bytes_read)
         } else {
             0
@@ -744,7 +729,9 @@ impl<B: Body> State<B> {
         if cursor.done {
             return true;
         }
-        if cursor.excluded(&self.commit).is_some() || cursor.next_chunk < self.record.end() {
+        if cursor.excluded(&self.commit).is_some()
+            || self.positions.next_chunk(cursor.slot) < self.record.end()
+        {
             return false;
         }
         match (&self.end, &self.source) {
@@ -779,6 +766,7 @@ where
             reader: this.cursor.id,
             wake_others: false,
             finished: None,
+            commit_waker: None,
         };
         // Declared after `after`, so unlocked before it acts. The frame is returned straight
         // from under the lock: putting it in place before unlocking measurably beats holding
@@ -802,19 +790,38 @@ where
 impl<B> Clone for ReplayBody<B> {
     /// A new reader, at the start of the body, with the next reader id.
     fn clone(&self) -> Self {
-        let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
+        let cursor = {
+            let mut state = self.shared.lock();
+            let id = state.next_id;
+            state.next_id = id.saturating_add(1);
+            Cursor::new(id, state.positions.insert(id))
+        };
         ReplayBody {
             shared: Arc::clone(&self.shared),
-            cursor: Cursor::new(id),
+            cursor,
         }
     }
 }
 
 impl<B> Drop for ReplayBody<B> {
     fn drop(&mut self) {
-        // The last clone's drop frees the record and the source with the shared state.
+        // The last clone's drop frees the record and the source with the shared state, with
+        // no lock: no one else can see it.
+        if Arc::get_mut(&mut self.shared).is_some() {
+            return;
+        }
         if let Some(source_waker) = self.shared.waiters.get() {
             source_waker.waiters.remove(self.cursor.id);
+        }
+        let mut state = self.shared.lock();
+        state.positions.remove(self.cursor.slot);
+        if state
+            .commit
+            .as_ref()
+            .is_some_and(|commit| commit.reader == self.cursor.id)
+        {
+            // The one reader allowed to send the rest of the record is gone.
+            state.record.free_all();
         }
     }
 }
@@ -923,6 +930,7 @@ fn bounded_message(error: &BoxError) -> Arc<str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::Ordering;
 
     #[test]
     fn source_messages_are_bounded_on_a_char_boundary() {

@@ -1,5 +1,6 @@
 //! Tests of the replayable request body.
 
+mod commit;
 mod props;
 mod rules;
 mod support;

@@ -20,10 +20,13 @@ enum Op {
     Poll(usize),
     /// Clone reader `n % live`, or the template when `n % (live + 1) == live`.
     Clone(usize),
-    /// Drop reader `n % live`.
+    /// Drop reader `n % live` (its record of what it sent is kept).
     Drop(usize),
     /// Let the source past one `Wait` step.
     Open,
+    /// Commit the call, from the template: by `n % 3`, to live reader `n / 3 % live`, to
+    /// dropped reader `n / 3 % dropped`, or to a reader id the body never gave out.
+    Commit(usize),
 }
 
 #[derive(Clone, Debug)]
@@ -51,6 +54,7 @@ fn case(fail: bool) -> impl Strategy<Value = Case> {
         1 => any::<usize>().prop_map(Op::Clone),
         1 => any::<usize>().prop_map(Op::Drop),
         1 => Just(Op::Open),
+        1 => any::<usize>().prop_map(Op::Commit),
     ];
     (
         prop::collection::vec(prop::collection::vec(any::<u8>(), 0..48), 0..10),
@@ -117,7 +121,9 @@ enum Outcome {
 }
 
 struct Reader {
-    body: ReplayBody<Script>,
+    /// The body, until the reader is dropped.
+    body: Option<ReplayBody<Script>>,
+    id: u64,
     woken: Arc<Count>,
     waker: Waker,
     /// Wakes seen when it was last polled.
@@ -135,7 +141,8 @@ impl Reader {
     fn new(body: ReplayBody<Script>) -> Reader {
         let (woken, waker) = counting_waker();
         Reader {
-            body,
+            id: body.reader_id(),
+            body: Some(body),
             woken,
             waker,
             seen: 0,
@@ -152,14 +159,17 @@ impl Reader {
     }
 
     fn poll(&mut self) -> Result<(), TestCaseError> {
+        let Some(body) = self.body.as_mut() else {
+            return Ok(());
+        };
         if !matches!(self.outcome, Outcome::Open) {
             return Ok(());
         }
-        let hint = self.body.size_hint();
-        let ended = self.body.is_end_stream();
+        let hint = body.size_hint();
+        let ended = body.is_end_stream();
         self.hints.push((self.data.len(), hint));
         self.seen = self.woken.get();
-        let polled = poll(&mut self.body, &self.waker);
+        let polled = poll(body, &self.waker);
         self.waiting = polled.is_pending();
         if ended {
             prop_assert!(
@@ -190,7 +200,7 @@ impl Reader {
                 }
             }
         }
-        prop_assert_eq!(self.body.bytes_read(), self.data.len() as u64);
+        prop_assert_eq!(body.bytes_read(), self.data.len() as u64);
         Ok(())
     }
 }
@@ -229,10 +239,38 @@ fn run(case: Case) -> Result<(), TestCaseError> {
     prop_assert!(!case.exact || original_len <= room);
 
     let mut readers = vec![Reader::new(template.clone())];
-    let mut finished = Vec::new();
-    let check_budget = |limits: &BufferLimits| -> Result<(), TestCaseError> {
+    let mut finished: Vec<Reader> = Vec::new();
+    // The reader the test committed the call to, and the bytes recorded by then.
+    let mut chosen: Option<(u64, usize)> = None;
+    let check_budget = |limits: &BufferLimits,
+                        readers: &[Reader],
+                        finished: &[Reader],
+                        chosen: Option<(u64, usize)>|
+     -> Result<(), TestCaseError> {
         prop_assert!(limits.in_use() <= case.total);
         prop_assert!(limits.in_use() <= held_by_other + room);
+        let held = limits.in_use() - held_by_other;
+        let sent_most = readers
+            .iter()
+            .chain(finished)
+            .map(|reader| reader.data.len())
+            .max()
+            .unwrap_or(0);
+        match (template.committed_reader(), chosen) {
+            // Everything pulled from the source is recorded, and nothing is freed.
+            (None, _) => prop_assert_eq!(held, sent_most),
+            // Only what the chosen reader has yet to send is held.
+            (Some(_), Some((id, recorded))) => {
+                // Dropped, the chosen reader needs nothing more.
+                let rest = readers
+                    .iter()
+                    .chain(finished)
+                    .find(|reader| reader.id == id && reader.body.is_some())
+                    .map_or(0, |reader| recorded.saturating_sub(reader.data.len()));
+                prop_assert_eq!(held, rest, "held after a commit to reader {}", id);
+            }
+            (Some(_), None) => {}
+        }
         Ok(())
     };
 
@@ -244,20 +282,53 @@ fn run(case: Case) -> Result<(), TestCaseError> {
             }
             Op::Clone(n) if readers.len() < MAX_READERS => {
                 let at = n % (readers.len() + 1);
-                let body = match readers.get(at) {
-                    Some(reader) => reader.body.clone(),
+                let body = match readers.get(at).and_then(|reader| reader.body.as_ref()) {
+                    Some(body) => body.clone(),
                     None => template.clone(),
                 };
                 readers.push(Reader::new(body));
             }
             Op::Drop(n) if !readers.is_empty() => {
                 let at = n % readers.len();
-                finished.push(readers.swap_remove(at));
+                let mut reader = readers.swap_remove(at);
+                reader.body = None;
+                finished.push(reader);
             }
             Op::Open => gate.open(),
+            Op::Commit(n) => {
+                let pick = |from: &[Reader]| {
+                    let at = n / 3 % from.len().max(1);
+                    from.get(at).map(|reader| reader.id)
+                };
+                let target = match n % 3 {
+                    0 => pick(&readers),
+                    1 => pick(&finished),
+                    _ => None,
+                };
+                let before = template.committed_reader();
+                match target {
+                    Some(id) => {
+                        let committed = template.commit_to(id);
+                        prop_assert_eq!(committed, before.is_none_or(|reader| reader == id));
+                        if before.is_none() {
+                            let recorded = readers
+                                .iter()
+                                .chain(&finished)
+                                .map(|reader| reader.data.len())
+                                .max()
+                                .unwrap_or(0);
+                            chosen = Some((id, recorded));
+                        }
+                    }
+                    None => {
+                        prop_assert!(!template.commit_to(u64::MAX), "no such reader");
+                        prop_assert_eq!(template.committed_reader(), before);
+                    }
+                }
+            }
             _ => {}
         }
-        check_budget(&limits)?;
+        check_budget(&limits, &readers, &finished, chosen)?;
     }
 
     // Drive every live reader to its end as an executor would: poll only readers that were
@@ -265,7 +336,7 @@ fn run(case: Case) -> Result<(), TestCaseError> {
     for _ in 0..10_000 {
         if let Some(reader) = readers.iter_mut().find(|reader| reader.runnable()) {
             reader.poll()?;
-            check_budget(&limits)?;
+            check_budget(&limits, &readers, &finished, chosen)?;
         } else if gate.is_waiting() {
             gate.open();
         } else {
@@ -276,7 +347,7 @@ fn run(case: Case) -> Result<(), TestCaseError> {
         prop_assert!(
             !matches!(reader.outcome, Outcome::Open),
             "reader {} was never woken",
-            reader.body.reader_id()
+            reader.id
         );
     }
 
@@ -312,12 +383,13 @@ fn run(case: Case) -> Result<(), TestCaseError> {
             }
             Outcome::NotReplayable(error) => {
                 prop_assert!(committed.is_some());
-                prop_assert_ne!(committed, Some(reader.body.reader_id()));
+                prop_assert_ne!(committed, Some(reader.id));
                 if error.is_over_limit() {
                     prop_assert!(over_limit, "failed with the body inside the limits");
-                } else {
-                    prop_assert!(error.is_source_failure());
+                } else if error.is_source_failure() {
                     prop_assert!(case.fail);
+                } else {
+                    prop_assert!(chosen.is_some(), "excluded with no commit chosen");
                 }
             }
         }
@@ -334,7 +406,10 @@ fn run(case: Case) -> Result<(), TestCaseError> {
         );
     }
     if committed.is_some() && !case.fail {
-        prop_assert!(over_limit, "committed with the body inside the limits");
+        prop_assert!(
+            over_limit || chosen.is_some(),
+            "committed with the body inside the limits"
+        );
         prop_assert_eq!(
             limits.in_use(),
             held_by_other,
