@@ -46,6 +46,68 @@ impl fmt::Display for AttemptTimedOut {
 
 impl std::error::Error for AttemptTimedOut {}
 
+/// The error of a call that made more than one attempt: the last attempt's error (or the
+/// layer's own, such as [`DeadlineExceeded`]), with the [`Attempts`](crate::metadata::Attempts)
+/// made. A call of one attempt returns its error as it is.
+///
+/// Find it by downcasting; the error inside is its [`source`](std::error::Error::source)
+/// (tonic's client finds a `tonic::Status` there, so the status code is kept).
+///
+/// ```
+/// use tower_retry_hedge::error::Attempted;
+/// use tower_retry_hedge::metadata::Attempts;
+///
+/// # fn check(error: tower_retry_hedge::BoxError) {
+/// let attempts = error
+///     .downcast_ref::<Attempted>()
+///     .map_or(Attempts::default(), Attempted::attempts);
+/// # let _ = attempts;
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct Attempted {
+    error: crate::BoxError,
+    attempts: crate::metadata::Attempts,
+}
+
+impl Attempted {
+    pub(crate) fn new(error: crate::BoxError, attempts: crate::metadata::Attempts) -> Attempted {
+        Attempted { error, attempts }
+    }
+
+    /// The attempts the call made.
+    pub fn attempts(&self) -> crate::metadata::Attempts {
+        self.attempts
+    }
+
+    /// The last error, as the inner service (or the layer) gave it.
+    pub fn get_ref(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        &*self.error
+    }
+
+    /// The last error, as the inner service (or the layer) gave it.
+    pub fn into_inner(self) -> crate::BoxError {
+        self.error
+    }
+}
+
+impl fmt::Display for Attempted {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} (after {} attempts)",
+            self.error,
+            self.attempts.sent()
+        )
+    }
+}
+
+impl std::error::Error for Attempted {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.error)
+    }
+}
+
 /// The error for a call whose deadline passed: a gRPC `DEADLINE_EXCEEDED` status for gRPC
 /// requests when tonic is available, else [`DeadlineExceeded`].
 pub(crate) fn deadline_exceeded(grpc: bool) -> crate::BoxError {

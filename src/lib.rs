@@ -114,6 +114,7 @@ pub mod body;
 mod call;
 pub mod classify;
 pub mod config;
+mod engine;
 pub mod error;
 mod grpc_path;
 pub mod grpc_timeout;

@@ -69,6 +69,26 @@ impl Attempts {
         self.sent - self.transparent
     }
 
+    /// The attempts behind an error of the layers: an [`Attempted`](crate::error::Attempted)
+    /// error's, or for a `tonic::Status`, its `grpc-previous-rpc-attempts` metadata (plus
+    /// one); a single attempt otherwise (the layers mark only calls of several attempts).
+    pub fn of_error(error: &(dyn std::error::Error + 'static)) -> Attempts {
+        if let Some(attempted) = error.downcast_ref::<crate::error::Attempted>() {
+            return attempted.attempts();
+        }
+        #[cfg(feature = "tonic")]
+        if let Some(status) = error.downcast_ref::<tonic::Status>()
+            && let Some(previous) = status
+                .metadata()
+                .get(GRPC_PREVIOUS_RPC_ATTEMPTS)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<u32>().ok())
+        {
+            return Attempts::new(previous.saturating_add(1), 0);
+        }
+        Attempts::new(1, 0)
+    }
+
     /// The attempts behind a response of the layers: its extension, or a single attempt when
     /// it has none (the layers add it only after more than one).
     ///
@@ -99,6 +119,41 @@ pub struct AttemptInfo {
     /// Whether it was sent as a hedge (in parallel with earlier attempts) rather than after
     /// the previous attempt failed.
     pub hedge: bool,
+}
+
+/// An absolute deadline for a call: a request extension the layers honour beside the
+/// request's `grpc-timeout` and the method's `timeout` (the earliest of them wins), for
+/// callers that track deadlines across several calls.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_retry_hedge::metadata::Deadline;
+///
+/// let mut request = http::Request::new(());
+/// request.extensions_mut().insert(Deadline::after(Duration::from_secs(2)));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deadline(tokio::time::Instant);
+
+impl Deadline {
+    /// A deadline `timeout` from now (on tokio's clock, so paused-clock tests see it).
+    pub fn after(timeout: std::time::Duration) -> Deadline {
+        let now = tokio::time::Instant::now();
+        Deadline(
+            now.checked_add(timeout)
+                .unwrap_or(now + std::time::Duration::from_secs(86_400 * 365 * 30)),
+        )
+    }
+
+    /// A deadline at `at`.
+    pub fn at_instant(at: tokio::time::Instant) -> Deadline {
+        Deadline(at)
+    }
+
+    /// When the call must end.
+    pub fn at(&self) -> tokio::time::Instant {
+        self.0
+    }
 }
 
 /// The maximum number of backends a [`TriedBackends`] list keeps.

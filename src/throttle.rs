@@ -116,6 +116,13 @@ pub trait RetryThrottle: fmt::Debug + Send + Sync {
     /// An attempt failed in a way that counts (A6: tokens -= 1, floored at 0).
     fn on_failure(&self);
 
+    /// An attempt ended with a failure that does not count against the throttle (a fatal
+    /// code): the server answered. The A6 bucket ignores it; an adaptive throttle counts it
+    /// as an accepted request.
+    ///
+    /// The default does nothing.
+    fn on_fatal(&self) {}
+
     /// May a retry or a hedge be sent now? (A6: tokens > maxTokens / 2.)
     ///
     /// A budget withdraws here, so call it only when an attempt would otherwise be sent.
@@ -133,6 +140,10 @@ impl<T: RetryThrottle + ?Sized> RetryThrottle for Arc<T> {
 
     fn on_failure(&self) {
         (**self).on_failure();
+    }
+
+    fn on_fatal(&self) {
+        (**self).on_fatal();
     }
 
     fn allows_retry(&self) -> bool {

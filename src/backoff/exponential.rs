@@ -46,6 +46,14 @@ pub struct Exponential {
 }
 
 impl Exponential {
+    /// gRFC A6's example schedule: 0.1 s, ×2, at most 1 s, with today's gRPC jitter (±20 %).
+    pub(crate) const A6_EXAMPLE: Exponential = Exponential {
+        initial: Duration::from_millis(100),
+        max: Duration::from_secs(1),
+        multiplier: 2.0,
+        jitter: Jitter::GRPC,
+    };
+
     /// A schedule starting at `initial`, multiplied by `multiplier` at each attempt, capped
     /// at `max`, randomised by `jitter`.
     ///
@@ -63,6 +71,37 @@ impl Exponential {
         multiplier: f64,
         jitter: Jitter,
     ) -> Result<Self, BackoffError> {
+        let schedule = Self::a6(initial, max, multiplier, jitter)?;
+        if initial > max {
+            return Err(BackoffError::InitialAboveMax { initial, max });
+        }
+        Ok(schedule)
+    }
+
+    /// A schedule exactly as gRFC A6 defines it, `min(initial * multiplier^(n-1), max)`,
+    /// which also allows `max` below `initial` (service config may say so): every delay is
+    /// then capped at `max`, and a multiplier below 1 still shrinks it once
+    /// `initial * multiplier^(n-1)` falls under `max`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_retry_hedge::backoff::{Exponential, Jitter};
+    ///
+    /// let s = Exponential::a6(Duration::from_secs(2), Duration::from_secs(1), 0.5, Jitter::None)?;
+    /// let delays: Vec<_> = (0..3).map(|n| s.base_delay(n)).collect();
+    /// assert_eq!(delays, [Duration::from_secs(1), Duration::from_secs(1), Duration::from_millis(500)]);
+    /// # Ok::<(), tower_retry_hedge::backoff::BackoffError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`Exponential::new`], but for `initial > max`.
+    pub fn a6(
+        initial: Duration,
+        max: Duration,
+        multiplier: f64,
+        jitter: Jitter,
+    ) -> Result<Self, BackoffError> {
         if !multiplier.is_finite() {
             return Err(BackoffError::MultiplierNotFinite { multiplier });
         }
@@ -74,9 +113,6 @@ impl Exponential {
         }
         if initial.is_zero() {
             return Err(BackoffError::ZeroInitial);
-        }
-        if initial > max {
-            return Err(BackoffError::InitialAboveMax { initial, max });
         }
         Ok(Self {
             initial,
@@ -173,7 +209,7 @@ impl Exponential {
     /// Saturates at `max` for any attempt, however large.
     pub fn base_delay(&self, attempt: u32) -> Duration {
         if attempt == 0 || self.multiplier == 1.0 {
-            return self.initial;
+            return self.initial.min(self.max);
         }
         let max_nanos = self.max.as_nanos() as f64;
         // Finite, positive inputs: the product is finite, +inf or 0, never NaN; a NaN would

@@ -81,7 +81,6 @@
 //! # }
 //! ```
 
-mod future;
 mod layer;
 
 use std::sync::Arc;
@@ -90,13 +89,13 @@ use std::task::{Context, Poll};
 use http::{Request, Response};
 use tower_service::Service;
 
-pub use self::future::ResponseFuture;
-use self::future::{Hedging, HedgingParts};
 pub use self::layer::HedgeLayer;
 use crate::BoxError;
 use crate::body::Replay;
-use crate::call::{Call, Shared};
-use crate::policy::Policies;
+use crate::call::{CallFuture, Plan, Shared};
+use crate::engine::Mode;
+use crate::policy::{MethodPolicy, Policies};
+pub use crate::retry::ResponseFuture;
 
 /// Hedges requests by their method's [`HedgePolicy`](crate::HedgePolicy): see
 /// [the module docs](self).
@@ -156,47 +155,58 @@ where
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
-        let index = self
+        let matched = self
             .policies
-            .lookup_index(request.method(), request.uri().path());
-        let Some((index, policy)) = index.and_then(|index| {
-            let policy = self.policies.hedge_policy(index)?;
-            Some((index, policy))
-        }) else {
-            // No policy, or a retry policy: the retry layer (if any) owns the call.
-            return ResponseFuture::passthrough(self.inner.call(request));
+            .matched(request.method(), request.uri().path());
+        let (mode, timeout, route, throttle) = match matched.map(|m| (m.policy, m.route)) {
+            Some((MethodPolicy::Hedge(policy), route)) => {
+                let mode = Mode::Hedge(policy.clone(), policy.delay.current());
+                let throttle = self.policies.begin_call(&request);
+                (mode, policy.timeout, route.cloned(), throttle)
+            }
+            // Calls without a hedging policy belong to the retry layer below, if this table
+            // made one; alone, this layer gives them what the retry layer would: transparent
+            // retries and the throttle's credit.
+            Some((MethodPolicy::Retry(_), _)) => return self.passthrough(request),
+            _ if self.policies.has_retry_layer() => return self.passthrough(request),
+            Some((MethodPolicy::Timeout(timeout), route)) => {
+                let throttle = self.policies.throttle_for(&request);
+                (Mode::Single, Some(*timeout), route.cloned(), throttle)
+            }
+            None => {
+                let throttle = self.policies.throttle_for(&request);
+                (Mode::Single, None, None, throttle)
+            }
         };
-        let (timeout, track_backends) = (policy.timeout, policy.track_backends);
-        let authority_throttle = self.policies.begin_call(&request);
         let span = tracing::debug_span!(
             "hedge",
             path = %request.uri().path(),
             http.request.resend_count = tracing::field::Empty,
         );
-        let (call, first, reader) = Call::start(
-            request,
-            self.policies.buffer_limits(),
-            timeout,
-            track_backends,
-        );
         // As in the retry layer: the ready service takes the first attempt and stays warm in
         // `self`; the call holds the shared spare and clones it only to send a hedge.
-        let shared = Arc::clone(Shared::get_or_make(
-            &mut self.shared,
-            &self.inner,
-            &self.policies,
-        ));
-        let future = self.inner.call(first);
-        ResponseFuture::hedging(Hedging::new(
-            HedgingParts {
-                shared,
-                call,
-                reader,
-                index,
-                authority_throttle,
-                span,
+        let shared = Shared::get_or_make(&mut self.shared, &self.inner, &self.policies);
+        ResponseFuture::new(crate::call::start(
+            &mut self.inner,
+            shared,
+            request,
+            Plan {
+                mode,
+                timeout,
+                route,
+                throttle,
             },
-            future,
+            span,
         ))
+    }
+}
+
+impl<S> Hedge<S> {
+    fn passthrough<B>(&mut self, request: Request<B>) -> ResponseFuture<S, B>
+    where
+        S: Service<Request<B>>,
+        B: Replay,
+    {
+        ResponseFuture::new(CallFuture::passthrough(self.inner.call(request)))
     }
 }

@@ -128,18 +128,17 @@
 mod future;
 mod layer;
 
-use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use http::{Request, Response};
 use tower_service::Service;
 
 pub use self::future::ResponseFuture;
-use self::future::{Credit, FirstState, Start};
 pub use self::layer::RetryLayer;
 use crate::BoxError;
 use crate::body::Replay;
-use crate::call::{Shared, is_grpc};
+use crate::call::{CallFuture, Plan, Shared};
+use crate::engine::Mode;
 use crate::policy::{MethodPolicy, Policies};
 
 /// Retries requests by their method's [`RetryPolicy`](crate::RetryPolicy): see
@@ -147,17 +146,17 @@ use crate::policy::{MethodPolicy, Policies};
 #[derive(Debug, Clone)]
 pub struct Retry<S> {
     inner: S,
-    // Made at the first call: a spare clone of `inner`, which calls clone again only when
-    // they retry (a clone per call costs real services, a tonic `Channel`, an allocation),
-    // and the table. A call holds this one reference: each reference count it takes costs
-    // the success path an atomic increment and decrement.
-    shared: Option<Arc<Shared<S>>>,
+    // Made at the first call that needs it: a spare clone of `inner`, which calls clone
+    // again only when they retry (a clone per call costs real services, a tonic `Channel`,
+    // an allocation), and the table, behind one reference count per call.
+    shared: Option<std::sync::Arc<Shared<S>>>,
     policies: Policies,
 }
 
 impl<S> Retry<S> {
     /// Wraps `inner`.
     pub fn new(inner: S, policies: Policies) -> Retry<S> {
+        policies.note_retry_layer();
         Retry {
             inner,
             shared: None,
@@ -201,81 +200,51 @@ where
         self.inner.poll_ready(cx).map_err(Into::into)
     }
 
-    // Inline, so that a call without a policy costs its caller no more than the lookup:
-    // the call with a policy is made out of line.
-    #[inline]
     fn call(&mut self, request: Request<B>) -> Self::Future {
-        let index = self
+        let matched = self
             .policies
-            .lookup_index(request.method(), request.uri().path());
-        match index.map(|index| (index, self.policies.entry(index))) {
-            Some((index, Some(MethodPolicy::Retry(_)))) => self.call_with_policy(request, index),
-            // The hedge layer owns this call and its throttle accounting.
-            Some(_) => ResponseFuture::passthrough(self.inner.call(request), None),
-            None if !self.policies.has_throttle() => {
-                ResponseFuture::passthrough(self.inner.call(request), None)
+            .matched(request.method(), request.uri().path());
+        let (mode, timeout, route, throttle) = match matched {
+            Some(matched) => {
+                let (mode, timeout) = match matched.policy {
+                    MethodPolicy::Retry(policy) => (Mode::Retry(policy.clone()), policy.timeout),
+                    MethodPolicy::Timeout(timeout) => (Mode::Single, Some(*timeout)),
+                    // The hedge layer owns this call and its throttle accounting.
+                    MethodPolicy::Hedge(_) => {
+                        return ResponseFuture::new(CallFuture::passthrough(
+                            self.inner.call(request),
+                        ));
+                    }
+                };
+                let throttle = self.policies.begin_call(&request);
+                (mode, timeout, matched.route.cloned(), throttle)
             }
+            // No policy: A6's transparent retries still apply, and a success still credits
+            // the throttle, as A6 counts every outgoing call.
             None => {
-                // A6 counts every outgoing call: a success still credits the throttle.
-                let grpc = is_grpc(&request);
-                let credit = self
-                    .policies
-                    .throttle_for(&request)
-                    .map(|throttle| Credit { throttle, grpc });
-                ResponseFuture::passthrough(self.inner.call(request), credit)
+                let throttle = self.policies.throttle_for(&request);
+                (Mode::Single, None, None, throttle)
             }
-        }
-    }
-}
-
-impl<S: Clone> Retry<S> {
-    /// A call whose policy is the retry policy at `index`.
-    #[inline(never)]
-    fn call_with_policy<B, RB>(&mut self, request: Request<B>, index: usize) -> ResponseFuture<S, B>
-    where
-        S: Service<Request<B>, Response = Response<RB>>,
-        S::Error: Into<BoxError>,
-        B: Replay,
-    {
-        let Some(policy) = self.policies.retry_policy(index) else {
-            // Never expected: the caller found a retry policy there.
-            return ResponseFuture::passthrough(self.inner.call(request), None);
         };
-        let authority_throttle = self.policies.begin_call(&request);
         let span = tracing::debug_span!(
             "retry",
             path = %request.uri().path(),
             http.request.resend_count = tracing::field::Empty,
         );
-        let timeout = policy.timeout;
-        let hedge_on_timeout = policy.hedge_on_per_attempt_timeout;
-        let per_attempt_timeout = policy.per_attempt_timeout;
-        let limits = self.policies.buffer_limits();
-        let (mut parts, body) = request.into_parts();
         // The ready service takes the first attempt and stays in `self`, warm for the next
-        // call; the call holds the shared spare and clones it only if it retries. (Swapping
-        // a clone into `self` instead would leave every call a cold service: a tonic
-        // `Channel` clone allocates again for its first `poll_ready`.)
+        // call; the call holds the shared spare and clones it only if it retries.
         let shared = Shared::get_or_make(&mut self.shared, &self.inner, &self.policies);
-        let shared = Arc::clone(shared);
-        if hedge_on_timeout {
-            let mut start = Start::new(shared, &parts, timeout, index, authority_throttle, span);
-            let (first, _reader) = start.call.first_attempt(&mut parts, body, limits);
-            let future = self.inner.call(Request::from_parts(parts, first));
-            return ResponseFuture::engine(start, future);
-        }
-        // The box is allocated first and the call made in it: a few hundred bytes made on
-        // the stack would be copied on their way in.
-        let mut state = FirstState::boxed(per_attempt_timeout);
-        let start = state.start_slot().insert(Start::new(
+        ResponseFuture::new(crate::call::start(
+            &mut self.inner,
             shared,
-            &parts,
-            timeout,
-            index,
-            authority_throttle,
+            request,
+            Plan {
+                mode,
+                timeout,
+                route,
+                throttle,
+            },
             span,
-        ));
-        let (first, _reader) = start.call.first_attempt(&mut parts, body, limits);
-        ResponseFuture::first(self.inner.call(Request::from_parts(parts, first)), state)
+        ))
     }
 }

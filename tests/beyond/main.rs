@@ -160,7 +160,9 @@ async fn per_attempt_timeouts_end_with_attempt_timed_out() {
         .oneshot(get())
         .await
         .unwrap_err();
-    assert!(error.downcast_ref::<AttemptTimedOut>().is_some(), "{error}");
+    // A call of several attempts returns its last error inside an `Attempted`.
+    assert!(last_error(&error).is::<AttemptTimedOut>(), "{error}");
+    assert_eq!(Attempts::of_error(&*error).sent(), 4);
     assert_eq!(svc.started(), 4);
     assert_eq!(svc.cancelled(), 4);
 }
@@ -455,10 +457,16 @@ async fn a_fatal_answer_of_the_slow_attempt_ends_a_hedge_on_timeout_call() {
     assert_eq!(svc.cancelled(), 1, "the hanging hedge is cancelled");
 }
 
+/// The last attempt's error: inside an `Attempted` when the call made several.
+fn last_error(error: &BoxError) -> &(dyn std::error::Error + Send + Sync + 'static) {
+    match error.downcast_ref::<tower_retry_hedge::error::Attempted>() {
+        Some(attempted) => attempted.get_ref(),
+        None => &**error,
+    }
+}
+
 fn is_deadline_exceeded(error: &BoxError) -> bool {
-    error
-        .downcast_ref::<tower_retry_hedge::error::DeadlineExceeded>()
-        .is_some()
+    last_error(error).is::<tower_retry_hedge::error::DeadlineExceeded>()
 }
 
 /// Calls a service whose every attempt would take 1 s, with a per-attempt timeout and a

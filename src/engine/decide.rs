@@ -1,0 +1,322 @@
+//! The rules that turn one attempt's outcome into the call's next step.
+
+use std::time::{Duration, Instant};
+
+use http::{HeaderMap, HeaderValue, StatusCode};
+
+use super::{AttemptId, Engine, Mode, Now, Pending, Send, Verdict, after};
+use crate::backoff::Step;
+use crate::classify::{AttemptResult, Outcome};
+use crate::policy::{RetryContext, RetryDecision};
+use crate::pushback::Pushback;
+
+impl Engine {
+    pub(super) fn answer(
+        &mut self,
+        attempt: AttemptId,
+        outcome: Outcome,
+        result: AttemptResult<'_>,
+        now: &mut Now<'_>,
+    ) -> Verdict {
+        if attempt.send <= self.timed_out_through
+            && !matches!(outcome, Outcome::Success | Outcome::Fatal(_))
+        {
+            // Its timeout was counted as its failure already.
+            return Verdict::Drop;
+        }
+        if !matches!(outcome, Outcome::NotSent) {
+            self.not_sent_in_a_row = 0;
+        }
+        match self.gate(outcome) {
+            Outcome::Success => {
+                if let Some(throttle) = &self.rules.throttle {
+                    throttle.on_success();
+                }
+                tracing::debug!(attempt = attempt.send, "success");
+                self.finish()
+            }
+            Outcome::Fatal(pushback) => {
+                self.count_retry_failure(attempt);
+                // A6: a pushback saying "do not retry" counts as a failure even on a code
+                // that would not be retried. A delay over the client's cap is the client's
+                // choice, not the server's: it does not count.
+                if let Some(throttle) = &self.rules.throttle {
+                    if pushback == Some(Pushback::Stop) {
+                        throttle.on_failure();
+                    } else {
+                        throttle.on_fatal();
+                    }
+                }
+                tracing::debug!(attempt = attempt.send, "fatal: returning it");
+                self.finish()
+            }
+            Outcome::NotSent => self.not_sent(attempt, now.get()),
+            Outcome::Refused if !self.refused_retried && self.replayable() => {
+                // Reached the server but not its application: once, at once.
+                self.refused_retried = true;
+                self.resend(attempt, now.get(), Duration::ZERO, "refused");
+                Verdict::Keep
+            }
+            Outcome::Refused => {
+                // A second refusal is the policy's to judge, as the `UNAVAILABLE` it maps to.
+                let outcome = self.refused_as_the_policy_sees_it();
+                self.refused_retried = true;
+                if outcome == Outcome::Refused {
+                    return self.finish();
+                }
+                self.answer(attempt, outcome, result, now)
+            }
+            outcome @ Outcome::Retryable(_) => {
+                self.count_retry_failure(attempt);
+                self.retryable(outcome, result, now.get(), false);
+                Verdict::Keep
+            }
+        }
+    }
+
+    /// The call ends with this attempt's result; every other attempt is cancelled.
+    fn finish(&mut self) -> Verdict {
+        self.ended = true;
+        self.pending.clear();
+        self.in_flight = 0;
+        Verdict::Return
+    }
+
+    fn count_retry_failure(&mut self, attempt: AttemptId) {
+        if attempt.number > 1 {
+            self.retry_failures += 1;
+        }
+    }
+
+    /// Non-idempotent HTTP requests are not repeated unless the policy opts in: their
+    /// retryable failures are fatal. Never-sent and refused attempts stay safe to resend.
+    pub(super) fn gate(&self, outcome: Outcome) -> Outcome {
+        match outcome {
+            Outcome::Retryable(pushback) if !self.rules.may_repeat => Outcome::Fatal(pushback),
+            other => other,
+        }
+    }
+
+    /// Whether a new attempt can get the whole body.
+    fn replayable(&self) -> bool {
+        self.committed.is_none()
+    }
+
+    /// How the policy's classifier sees a refused stream: as `UNAVAILABLE` for gRPC (a
+    /// Trailers-Only response with `grpc-status: 14`), as a 503 for HTTP.
+    fn refused_as_the_policy_sees_it(&self) -> Outcome {
+        let mut headers = HeaderMap::new();
+        let status = if self.rules.grpc {
+            headers.insert("grpc-status", HeaderValue::from_static("14"));
+            StatusCode::OK
+        } else {
+            StatusCode::SERVICE_UNAVAILABLE
+        };
+        let result = AttemptResult::Response {
+            status,
+            headers: &headers,
+        };
+        self.rules.classifier().classify(result)
+    }
+
+    /// A never-sent attempt: resent with backoff until the deadline (or a count of them,
+    /// without one), in every mode alike.
+    fn not_sent(&mut self, attempt: AttemptId, now: Instant) -> Verdict {
+        let bounded_out =
+            self.deadline.is_none() && self.not_sent_in_a_row >= self.rules.max_transparent();
+        if bounded_out || !self.replayable() {
+            tracing::debug!(attempt = attempt.send, "never sent: not resending");
+            return Verdict::Keep;
+        }
+        let delay = self.rules.backoff().sample(
+            Step {
+                attempt: self.not_sent_in_a_row,
+                previous: None,
+            },
+            &mut rand::rng(),
+        );
+        if !self.fits(now, delay) {
+            tracing::debug!(
+                attempt = attempt.send,
+                "never sent: the deadline comes first"
+            );
+            return Verdict::Keep;
+        }
+        self.not_sent_in_a_row += 1;
+        self.resend(attempt, now, delay, "not sent");
+        Verdict::Keep
+    }
+
+    /// Schedules a transparent resend of `attempt`.
+    fn resend(&mut self, attempt: AttemptId, now: Instant, delay: Duration, reason: &str) {
+        tracing::debug!(attempt = attempt.send, ?delay, reason, "transparent retry");
+        self.pending.push(Pending {
+            at: Some(after(now, delay)),
+            send: Send {
+                number: attempt.number,
+                transparent: true,
+                hedge: self.in_flight > 0,
+            },
+            granted: true,
+        });
+    }
+
+    /// Whether an attempt starting `delay` from `now` starts before the deadline.
+    fn fits(&self, now: Instant, delay: Duration) -> bool {
+        self.deadline
+            .is_none_or(|deadline| delay < deadline.saturating_duration_since(now))
+    }
+
+    /// A retryable (non-fatal) failure: counts against the throttle; then the next attempt
+    /// is scheduled as the mode says. `at_once`: a hedge on the per-attempt timeout.
+    pub(super) fn retryable(
+        &mut self,
+        outcome: Outcome,
+        result: AttemptResult<'_>,
+        now: Instant,
+        at_once: bool,
+    ) {
+        if let Some(throttle) = &self.rules.throttle {
+            throttle.on_failure();
+        }
+        let pushback = match outcome.pushback() {
+            Some(Pushback::After(delay)) if delay > self.rules.max_pushback => {
+                tracing::debug!(?delay, "pushback over the client's cap: stop");
+                Some(Pushback::Stop)
+            }
+            other => other,
+        };
+        if let Mode::Hedge(..) = self.rules.mode {
+            self.next_hedge(pushback, now);
+            return;
+        }
+        let stop = |engine: &mut Engine, reason: &'static str| {
+            tracing::debug!(attempt = engine.sent, reason, "not retrying");
+            engine.stopped = true;
+        };
+        if pushback == Some(Pushback::Stop) {
+            return stop(self, "pushback: stop");
+        }
+        if !self.may_count_another() {
+            let reason = if self.committed.is_some() {
+                "committed"
+            } else if self.rules.may_repeat {
+                "max attempts"
+            } else {
+                "not idempotent"
+            };
+            return stop(self, reason);
+        }
+        let delay = match pushback {
+            Some(Pushback::After(delay)) => {
+                // The server's delay exactly; the backoff restarts from its first step.
+                self.backoff_step = 0;
+                self.previous_delay = None;
+                delay
+            }
+            _ if at_once => Duration::ZERO,
+            _ => {
+                let delay = self.rules.backoff().sample(
+                    Step {
+                        attempt: self.backoff_step,
+                        previous: self.previous_delay,
+                    },
+                    &mut rand::rng(),
+                );
+                self.backoff_step = self.backoff_step.saturating_add(1);
+                self.previous_delay = Some(delay);
+                delay
+            }
+        };
+        let delay = match self.hook(outcome, result, delay) {
+            Some(delay) => match pushback {
+                // A hook may lengthen a delay, never shorten the server's.
+                Some(Pushback::After(server)) => delay.max(server),
+                _ => delay,
+            },
+            None => return stop(self, "vetoed by on_retry"),
+        };
+        if !self.fits(now, delay) {
+            // Fail fast: the next attempt could not start before the deadline.
+            return stop(self, "deadline");
+        }
+        // Last, since a budget withdraws when it says yes.
+        if self
+            .rules
+            .throttle
+            .as_ref()
+            .is_some_and(|t| !t.allows_retry())
+        {
+            return stop(self, "throttled");
+        }
+        tracing::debug!(
+            attempt = self.sent + 1,
+            ?delay,
+            pushback = pushback.is_some(),
+            "retrying"
+        );
+        self.pending.push(Pending {
+            at: Some(after(now, delay)),
+            send: Send {
+                number: self.counted + 1,
+                transparent: false,
+                hedge: at_once,
+            },
+            granted: true,
+        });
+    }
+
+    /// The retry policy's `on_retry` hook on a delay; `None` when it stops the retries.
+    fn hook(
+        &self,
+        outcome: Outcome,
+        result: AttemptResult<'_>,
+        delay: Duration,
+    ) -> Option<Duration> {
+        let Mode::Retry(policy) = &self.rules.mode else {
+            return Some(delay);
+        };
+        let Some(hook) = &policy.on_retry else {
+            return Some(delay);
+        };
+        match hook(&RetryContext {
+            attempts: self.counted,
+            outcome,
+            result,
+            delay,
+        }) {
+            RetryDecision::Proceed => Some(delay),
+            RetryDecision::Delay(delay) => Some(delay),
+            RetryDecision::Stop => None,
+        }
+    }
+
+    /// A non-fatal hedge failure: the next hedge goes now, or after the server's pushback,
+    /// or never; later ones follow at the hedging delay from it.
+    fn next_hedge(&mut self, pushback: Option<Pushback>, now: Instant) {
+        if pushback == Some(Pushback::Stop) {
+            tracing::debug!("pushback: no more hedges");
+            self.stopped = true;
+            self.pending.retain(|p| p.send.transparent);
+            return;
+        }
+        let at = match pushback {
+            Some(Pushback::After(delay)) => after(now, delay),
+            _ => now,
+        };
+        if let Some(next) = self.pending.iter_mut().find(|p| !p.send.transparent) {
+            next.at = Some(at);
+        } else if self.may_count_another() {
+            self.pending.push(Pending {
+                at: Some(at),
+                send: Send {
+                    number: self.counted + 1,
+                    transparent: false,
+                    hedge: true,
+                },
+                granted: false,
+            });
+        }
+        tracing::debug!(?pushback, "non-fatal: next hedge");
+    }
+}

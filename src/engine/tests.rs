@@ -1,0 +1,524 @@
+//! One test per A6 rule, on the engine alone: no runtime, no clock, no IO.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use http::{HeaderMap, StatusCode};
+
+use super::*;
+use crate::backoff::{Exponential, Jitter};
+use crate::classify::{Code, GrpcCodes};
+use crate::policy::{HedgePolicy, RetryDecision, RetryPolicy};
+use crate::pushback::Pushback;
+use crate::throttle::{RetryThrottle, Throttle};
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// A fixed clock for one step of a test.
+struct Clock(Instant);
+
+impl Clock {
+    fn at(&self, offset: Duration) -> Instant {
+        self.0 + offset
+    }
+}
+
+fn poll(engine: &mut Engine, at: Instant) -> Action {
+    let read = move || at;
+    engine.poll(&mut Now::lazy(&read))
+}
+
+fn answer(engine: &mut Engine, id: AttemptId, outcome: Outcome, at: Instant) -> Verdict {
+    let headers = HeaderMap::new();
+    let result = AttemptResult::Response {
+        status: StatusCode::OK,
+        headers: &headers,
+    };
+    let read = move || at;
+    engine.on_answer(id, outcome, result, &mut Now::lazy(&read))
+}
+
+fn sent(engine: &mut Engine, send: Send, at: Instant) -> AttemptId {
+    let read = move || at;
+    engine.on_sent(send, &mut Now::lazy(&read))
+}
+
+fn retry_policy(
+    build: impl FnOnce(crate::policy::RetryPolicyBuilder) -> crate::policy::RetryPolicyBuilder,
+) -> Arc<RetryPolicy> {
+    let builder = RetryPolicy::builder()
+        .max_attempts(5)
+        .backoff(Exponential::new(ms(100), ms(1000), 2.0, Jitter::None).unwrap())
+        .retryable(GrpcCodes::from([Code::Unavailable]));
+    Arc::new(build(builder).build().unwrap())
+}
+
+fn rules(mode: Mode, max_attempts: u32, throttle: Option<ThrottleHandle>) -> Rules {
+    Rules {
+        mode,
+        max_attempts,
+        may_repeat: true,
+        grpc: true,
+        max_pushback: Duration::from_secs(60),
+        throttle,
+    }
+}
+
+fn retry_engine(policy: Arc<RetryPolicy>, deadline: Option<Instant>) -> Engine {
+    let max = policy.max_attempts;
+    Engine::new(rules(Mode::Retry(policy), max, None), deadline)
+}
+
+const RETRYABLE: Outcome = Outcome::Retryable(None);
+
+#[test]
+fn a_success_returns_at_once_and_credits_the_throttle() {
+    let throttle = Throttle::new(10, 0.5).unwrap();
+    for _ in 0..4 {
+        throttle.on_failure();
+    }
+    let before = throttle.tokens_milli();
+    let mut engine = Engine::new(
+        rules(
+            Mode::Retry(retry_policy(|b| b)),
+            5,
+            Some(ThrottleHandle::Authority(throttle.clone())),
+        ),
+        None,
+    );
+    let t = Clock(Instant::now());
+    assert_eq!(
+        answer(&mut engine, AttemptId::FIRST, Outcome::Success, t.at(ms(0))),
+        Verdict::Return
+    );
+    assert_eq!(throttle.tokens_milli(), before + 500);
+}
+
+#[test]
+fn backoff_is_min_of_initial_times_multiplier_and_max() {
+    // 100, 200, 400, 800 ms: the fifth attempt's wait would be 1600, capped at 1000.
+    let mut engine = retry_engine(retry_policy(|b| b.max_attempts(5)), None);
+    let t = Clock(Instant::now());
+    let mut now = t.at(ms(0));
+    let mut id = AttemptId::FIRST;
+    for expected in [100, 200, 400, 800] {
+        assert_eq!(answer(&mut engine, id, RETRYABLE, now), Verdict::Keep);
+        assert_eq!(
+            poll(&mut engine, now),
+            Action::Wait(Some(now + ms(expected)))
+        );
+        now += ms(expected);
+        let Action::Send(send) = poll(&mut engine, now) else {
+            panic!("a retry is due");
+        };
+        id = sent(&mut engine, send, now);
+    }
+    assert_eq!(id.number, 5);
+    assert_eq!(answer(&mut engine, id, RETRYABLE, now), Verdict::Keep);
+    assert_eq!(poll(&mut engine, now), Action::ReturnLast);
+}
+
+#[test]
+fn backoff_with_max_below_initial_and_a_shrinking_multiplier() {
+    let schedule = Exponential::a6(
+        Duration::from_secs(2),
+        Duration::from_secs(1),
+        0.5,
+        Jitter::None,
+    )
+    .unwrap();
+    let delays: Vec<_> = (0..3).map(|n| schedule.base_delay(n)).collect();
+    assert_eq!(
+        delays,
+        [Duration::from_secs(1), Duration::from_secs(1), ms(500)]
+    );
+}
+
+#[test]
+fn pushback_is_waited_exactly_and_restarts_the_backoff() {
+    let mut engine = retry_engine(retry_policy(|b| b), None);
+    let t = Clock(Instant::now());
+    // A backoff step first (100 ms), then a pushback of 250 ms, then backoff from 100 again.
+    answer(&mut engine, AttemptId::FIRST, RETRYABLE, t.at(ms(0)));
+    let Action::Send(send) = poll(&mut engine, t.at(ms(100))) else {
+        panic!()
+    };
+    let second = sent(&mut engine, send, t.at(ms(100)));
+    let pushback = Outcome::Retryable(Some(Pushback::After(ms(250))));
+    answer(&mut engine, second, pushback, t.at(ms(110)));
+    assert_eq!(
+        poll(&mut engine, t.at(ms(110))),
+        Action::Wait(Some(t.at(ms(360))))
+    );
+    let Action::Send(send) = poll(&mut engine, t.at(ms(360))) else {
+        panic!()
+    };
+    let third = sent(&mut engine, send, t.at(ms(360)));
+    answer(&mut engine, third, RETRYABLE, t.at(ms(370)));
+    assert_eq!(
+        poll(&mut engine, t.at(ms(370))),
+        Action::Wait(Some(t.at(ms(470))))
+    );
+}
+
+#[test]
+fn pushback_stop_and_pushback_over_the_cap_stop_retries() {
+    for pushback in [Pushback::Stop, Pushback::After(Duration::from_secs(3600))] {
+        let mut engine = retry_engine(retry_policy(|b| b), None);
+        let t = Clock(Instant::now());
+        answer(
+            &mut engine,
+            AttemptId::FIRST,
+            Outcome::Retryable(Some(pushback)),
+            t.at(ms(0)),
+        );
+        assert_eq!(poll(&mut engine, t.at(ms(0))), Action::ReturnLast);
+    }
+}
+
+#[test]
+fn a_fatal_pushback_over_the_cap_does_not_debit_the_throttle() {
+    let throttle = Throttle::new(10, 0.1).unwrap();
+    let handle = || Some(ThrottleHandle::Authority(throttle.clone()));
+    let mut engine = Engine::new(rules(Mode::Retry(retry_policy(|b| b)), 5, handle()), None);
+    let t = Clock(Instant::now());
+    let long = Outcome::Fatal(Some(Pushback::After(Duration::from_secs(3600))));
+    assert_eq!(
+        answer(&mut engine, AttemptId::FIRST, long, t.at(ms(0))),
+        Verdict::Return
+    );
+    assert_eq!(throttle.tokens_milli(), 10_000);
+    // The server's own "do not retry" on a fatal code does count (A6).
+    let mut engine = Engine::new(rules(Mode::Retry(retry_policy(|b| b)), 5, handle()), None);
+    let stop = Outcome::Fatal(Some(Pushback::Stop));
+    assert_eq!(
+        answer(&mut engine, AttemptId::FIRST, stop, t.at(ms(0))),
+        Verdict::Return
+    );
+    assert_eq!(throttle.tokens_milli(), 9_000);
+}
+
+#[test]
+fn a_hook_may_lengthen_a_delay_but_never_shorten_a_pushback() {
+    let policy = retry_policy(|b| b.on_retry(|_| RetryDecision::Delay(ms(10))));
+    let mut engine = retry_engine(policy, None);
+    let t = Clock(Instant::now());
+    let pushback = Outcome::Retryable(Some(Pushback::After(ms(250))));
+    answer(&mut engine, AttemptId::FIRST, pushback, t.at(ms(0)));
+    assert_eq!(
+        poll(&mut engine, t.at(ms(0))),
+        Action::Wait(Some(t.at(ms(250))))
+    );
+    // Without a pushback, the hook's delay stands (here shorter than the backoff).
+    let policy = retry_policy(|b| b.on_retry(|_| RetryDecision::Delay(ms(10))));
+    let mut engine = retry_engine(policy, None);
+    answer(&mut engine, AttemptId::FIRST, RETRYABLE, t.at(ms(0)));
+    assert_eq!(
+        poll(&mut engine, t.at(ms(0))),
+        Action::Wait(Some(t.at(ms(10))))
+    );
+}
+
+#[test]
+fn fail_fast_when_the_next_attempt_cannot_start_before_the_deadline() {
+    let t = Clock(Instant::now());
+    let mut engine = retry_engine(retry_policy(|b| b), Some(t.at(ms(50))));
+    // The backoff (100 ms) ends after the deadline: the failure is returned now.
+    answer(&mut engine, AttemptId::FIRST, RETRYABLE, t.at(ms(0)));
+    assert_eq!(poll(&mut engine, t.at(ms(0))), Action::ReturnLast);
+}
+
+#[test]
+fn the_deadline_ends_the_call() {
+    let t = Clock(Instant::now());
+    let mut engine = retry_engine(retry_policy(|b| b), Some(t.at(ms(50))));
+    assert_eq!(
+        poll(&mut engine, t.at(ms(0))),
+        Action::Wait(Some(t.at(ms(50))))
+    );
+    assert_eq!(poll(&mut engine, t.at(ms(50))), Action::DeadlineExceeded);
+}
+
+#[test]
+fn never_sent_attempts_back_off_until_the_deadline_and_do_not_count() {
+    let t = Clock(Instant::now());
+    let mut engine = retry_engine(retry_policy(|b| b.max_attempts(2)), Some(t.at(ms(1000))));
+    let mut id = AttemptId::FIRST;
+    let mut now = t.at(ms(0));
+    // Backoff 100, 200, 400 ms; the fourth (800 ms) would end past the deadline.
+    for expected in [100, 200, 400] {
+        answer(&mut engine, id, Outcome::NotSent, now);
+        assert_eq!(
+            poll(&mut engine, now),
+            Action::Wait(Some(now + ms(expected)))
+        );
+        now += ms(expected);
+        let Action::Send(send) = poll(&mut engine, now) else {
+            panic!()
+        };
+        assert!(send.transparent);
+        assert_eq!(send.number, 1, "a resend repeats the attempt it replaces");
+        id = sent(&mut engine, send, now);
+    }
+    answer(&mut engine, id, Outcome::NotSent, now);
+    assert_eq!(poll(&mut engine, now), Action::ReturnLast);
+    assert_eq!(engine.attempts(), Attempts::new(4, 3));
+}
+
+#[test]
+fn never_sent_then_unavailable_then_ok_numbers_the_third_send_1() {
+    let t = Clock(Instant::now());
+    let mut engine = retry_engine(retry_policy(|b| b), None);
+    answer(&mut engine, AttemptId::FIRST, Outcome::NotSent, t.at(ms(0)));
+    let Action::Send(resend) = poll(&mut engine, t.at(ms(100))) else {
+        panic!()
+    };
+    let second = sent(&mut engine, resend, t.at(ms(100)));
+    // `grpc-previous-rpc-attempts` is `number - 1`: absent on the transparent resend.
+    assert_eq!(second.number, 1);
+    answer(&mut engine, second, RETRYABLE, t.at(ms(100)));
+    let Action::Send(retry) = poll(&mut engine, t.at(ms(200))) else {
+        panic!()
+    };
+    let third = sent(&mut engine, retry, t.at(ms(200)));
+    assert_eq!(third.number - 1, 1);
+    assert_eq!(
+        answer(&mut engine, third, Outcome::Success, t.at(ms(200))),
+        Verdict::Return
+    );
+    assert_eq!(engine.attempts(), Attempts::new(3, 1));
+}
+
+#[test]
+fn a_refusal_is_resent_once_at_once_and_a_second_is_judged_by_the_policy() {
+    let t = Clock(Instant::now());
+    // Retryable codes [ABORTED]: the second refusal maps to UNAVAILABLE, which is final.
+    let policy = retry_policy(|b| b.retryable(GrpcCodes::from([Code::Aborted])));
+    let mut engine = retry_engine(policy, None);
+    answer(&mut engine, AttemptId::FIRST, Outcome::Refused, t.at(ms(0)));
+    let Action::Send(resend) = poll(&mut engine, t.at(ms(0))) else {
+        panic!("resent at once")
+    };
+    assert!(resend.transparent);
+    let second = sent(&mut engine, resend, t.at(ms(0)));
+    assert_eq!(
+        answer(&mut engine, second, Outcome::Refused, t.at(ms(0))),
+        Verdict::Return
+    );
+    assert_eq!(engine.attempts().sent(), 2);
+    // With UNAVAILABLE retryable, the second refusal is retried as a counted attempt.
+    let mut engine = retry_engine(retry_policy(|b| b), None);
+    answer(&mut engine, AttemptId::FIRST, Outcome::Refused, t.at(ms(0)));
+    let Action::Send(resend) = poll(&mut engine, t.at(ms(0))) else {
+        panic!()
+    };
+    let second = sent(&mut engine, resend, t.at(ms(0)));
+    assert_eq!(
+        answer(&mut engine, second, Outcome::Refused, t.at(ms(0))),
+        Verdict::Keep
+    );
+    let Action::Send(retry) = poll(&mut engine, t.at(ms(100))) else {
+        panic!()
+    };
+    assert!(!retry.transparent);
+}
+
+#[test]
+fn transparent_retries_apply_without_a_policy() {
+    let t = Clock(Instant::now());
+    let mut engine = Engine::new(rules(Mode::Single, 1, None), None);
+    answer(&mut engine, AttemptId::FIRST, Outcome::Refused, t.at(ms(0)));
+    let Action::Send(resend) = poll(&mut engine, t.at(ms(0))) else {
+        panic!()
+    };
+    assert!(resend.transparent);
+    let second = sent(&mut engine, resend, t.at(ms(0)));
+    // Any other failure is final.
+    assert_eq!(
+        answer(&mut engine, second, Outcome::Fatal(None), t.at(ms(0))),
+        Verdict::Return
+    );
+}
+
+#[test]
+fn a_non_idempotent_request_is_not_repeated() {
+    let t = Clock(Instant::now());
+    let mut rules = rules(Mode::Retry(retry_policy(|b| b)), 5, None);
+    rules.may_repeat = false;
+    let mut engine = Engine::new(rules, None);
+    assert_eq!(
+        answer(&mut engine, AttemptId::FIRST, RETRYABLE, t.at(ms(0))),
+        Verdict::Return
+    );
+}
+
+#[test]
+fn throttled_retries_stop() {
+    let throttle = Throttle::new(2, 0.1).unwrap();
+    let handle = Some(ThrottleHandle::Authority(throttle.clone()));
+    let mut engine = Engine::new(rules(Mode::Retry(retry_policy(|b| b)), 5, handle), None);
+    let t = Clock(Instant::now());
+    // 2 tokens: one failure leaves 1, not above half: no retry.
+    answer(&mut engine, AttemptId::FIRST, RETRYABLE, t.at(ms(0)));
+    assert_eq!(poll(&mut engine, t.at(ms(0))), Action::ReturnLast);
+}
+
+fn hedge_engine(max: u32, delay: Duration, throttle: Option<ThrottleHandle>) -> Engine {
+    let policy = Arc::new(
+        HedgePolicy::builder()
+            .max_attempts(max)
+            .delay(delay)
+            .non_fatal(GrpcCodes::from([Code::Unavailable]))
+            .build()
+            .unwrap(),
+    );
+    Engine::new(rules(Mode::Hedge(policy, delay), max, throttle), None)
+}
+
+#[test]
+fn hedges_go_every_delay_from_the_first_poll() {
+    let t = Clock(Instant::now());
+    let mut engine = hedge_engine(3, ms(500), None);
+    assert_eq!(
+        poll(&mut engine, t.at(ms(1))),
+        Action::Wait(Some(t.at(ms(501))))
+    );
+    let Action::Send(send) = poll(&mut engine, t.at(ms(501))) else {
+        panic!()
+    };
+    assert!(send.hedge && send.number == 2);
+    sent(&mut engine, send, t.at(ms(501)));
+    assert_eq!(
+        poll(&mut engine, t.at(ms(501))),
+        Action::Wait(Some(t.at(ms(1001))))
+    );
+    let Action::Send(send) = poll(&mut engine, t.at(ms(1001))) else {
+        panic!()
+    };
+    sent(&mut engine, send, t.at(ms(1001)));
+    // maxAttempts reached: nothing more is scheduled.
+    assert_eq!(poll(&mut engine, t.at(ms(1001))), Action::Wait(None));
+}
+
+#[test]
+fn a_non_fatal_hedge_failure_sends_the_next_at_once_and_pushback_delays_it() {
+    let t = Clock(Instant::now());
+    let mut engine = hedge_engine(3, ms(500), None);
+    poll(&mut engine, t.at(ms(0)));
+    assert_eq!(
+        answer(&mut engine, AttemptId::FIRST, RETRYABLE, t.at(ms(10))),
+        Verdict::Keep
+    );
+    let Action::Send(send) = poll(&mut engine, t.at(ms(10))) else {
+        panic!("at once")
+    };
+    let second = sent(&mut engine, send, t.at(ms(10)));
+    let pushback = Outcome::Retryable(Some(Pushback::After(ms(100))));
+    answer(&mut engine, second, pushback, t.at(ms(20)));
+    assert_eq!(
+        poll(&mut engine, t.at(ms(20))),
+        Action::Wait(Some(t.at(ms(120))))
+    );
+}
+
+#[test]
+fn a_fatal_hedge_answer_is_returned_and_pushback_stop_ends_hedging() {
+    let t = Clock(Instant::now());
+    let mut engine = hedge_engine(3, ms(0), None);
+    let Action::Send(send) = poll(&mut engine, t.at(ms(0))) else {
+        panic!()
+    };
+    let second = sent(&mut engine, send, t.at(ms(0)));
+    assert_eq!(
+        answer(&mut engine, second, Outcome::Fatal(None), t.at(ms(1))),
+        Verdict::Return
+    );
+
+    let mut engine = hedge_engine(3, ms(100), None);
+    poll(&mut engine, t.at(ms(0)));
+    let stop = Outcome::Retryable(Some(Pushback::Stop));
+    assert_eq!(
+        answer(&mut engine, AttemptId::FIRST, stop, t.at(ms(1))),
+        Verdict::Keep
+    );
+    // No more hedges, nothing in flight: the failure is returned.
+    assert_eq!(poll(&mut engine, t.at(ms(1))), Action::ReturnLast);
+}
+
+#[test]
+fn hedges_need_the_throttle_above_half() {
+    let throttle = Throttle::new(2, 0.1).unwrap();
+    throttle.on_failure();
+    let mut engine = hedge_engine(3, ms(10), Some(ThrottleHandle::Authority(throttle)));
+    poll(&mut engine, t0());
+    // The hedge comes due, the throttle refuses it: none is sent, the first goes on.
+    assert_eq!(poll(&mut engine, t0() + ms(10)), Action::Wait(None));
+}
+
+fn t0() -> Instant {
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    *START.get_or_init(Instant::now)
+}
+
+#[test]
+fn a_commit_cancels_every_other_attempt_and_stops_new_ones() {
+    let mut engine = hedge_engine(3, ms(0), None);
+    let Action::Send(send) = poll(&mut engine, t0()) else {
+        panic!()
+    };
+    let second = sent(&mut engine, send, t0());
+    engine.on_commit(Some(second));
+    assert_eq!(
+        poll(&mut engine, t0()),
+        Action::Cancel(Cancel::AllBut(second))
+    );
+    // The first attempt, cut off, answers with a body error: it means nothing.
+    assert_eq!(
+        answer(&mut engine, AttemptId::FIRST, RETRYABLE, t0()),
+        Verdict::Drop
+    );
+    assert_eq!(poll(&mut engine, t0()), Action::Wait(None));
+    assert_eq!(answer(&mut engine, second, RETRYABLE, t0()), Verdict::Keep);
+    assert_eq!(poll(&mut engine, t0()), Action::ReturnLast);
+}
+
+#[test]
+fn a_per_attempt_timeout_cancels_the_attempt_and_retries() {
+    let policy = retry_policy(|b| b.per_attempt_timeout(ms(50)));
+    let mut engine = retry_engine(policy, None);
+    assert_eq!(poll(&mut engine, t0()), Action::Wait(Some(t0() + ms(50))));
+    assert_eq!(
+        poll(&mut engine, t0() + ms(50)),
+        Action::Cancel(Cancel::TimedOut(AttemptId::FIRST))
+    );
+    assert_eq!(
+        poll(&mut engine, t0() + ms(50)),
+        Action::Wait(Some(t0() + ms(150)))
+    );
+}
+
+#[test]
+fn hedging_on_the_per_attempt_timeout_keeps_the_slow_attempt() {
+    let policy = retry_policy(|b| {
+        b.per_attempt_timeout(ms(50))
+            .hedge_on_per_attempt_timeout(true)
+    });
+    let mut engine = retry_engine(policy, None);
+    poll(&mut engine, t0());
+    let Action::Send(send) = poll(&mut engine, t0() + ms(50)) else {
+        panic!("hedged at once")
+    };
+    assert!(send.hedge);
+    let second = sent(&mut engine, send, t0() + ms(50));
+    // The slow first attempt's retryable answer was counted when it timed out.
+    assert_eq!(
+        answer(&mut engine, AttemptId::FIRST, RETRYABLE, t0() + ms(60)),
+        Verdict::Drop
+    );
+    assert_eq!(
+        answer(&mut engine, second, Outcome::Success, t0() + ms(70)),
+        Verdict::Return
+    );
+}

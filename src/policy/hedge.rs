@@ -1,0 +1,181 @@
+//! [`HedgePolicy`]: how a method is hedged.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::PolicyError;
+use crate::classify::{Classify, GrpcCodes};
+use crate::latency::AdaptiveDelay;
+
+/// The delay between hedges: fixed (A6's `hedgingDelay`) or following a latency percentile.
+#[derive(Debug, Clone)]
+pub enum HedgeDelay {
+    /// The same delay for every call; zero sends every attempt at once.
+    Fixed(Duration),
+    /// A percentile of recent latencies, clamped: see [`AdaptiveDelay`].
+    Adaptive(AdaptiveDelay),
+}
+
+impl HedgeDelay {
+    /// The delay for a call starting now.
+    pub fn current(&self) -> Duration {
+        match self {
+            HedgeDelay::Fixed(delay) => *delay,
+            HedgeDelay::Adaptive(adaptive) => adaptive.current(),
+        }
+    }
+
+    /// Whether the delay learns from latencies.
+    pub(crate) fn is_adaptive(&self) -> bool {
+        matches!(self, HedgeDelay::Adaptive(_))
+    }
+
+    /// Feeds the latency of a successful attempt to an adaptive delay.
+    pub(crate) fn record(&self, latency: Duration) {
+        if let HedgeDelay::Adaptive(adaptive) = self {
+            adaptive.record(latency);
+        }
+    }
+}
+
+/// How a method is hedged: gRFC A6's `hedgingPolicy`, and an adaptive delay beyond it.
+#[derive(Clone)]
+pub struct HedgePolicy {
+    pub(crate) max_attempts: u32,
+    pub(crate) track_backends: bool,
+    pub(crate) delay: HedgeDelay,
+    pub(crate) classifier: Arc<dyn Classify>,
+    pub(crate) timeout: Option<Duration>,
+    pub(crate) non_idempotent: bool,
+}
+
+impl fmt::Debug for HedgePolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HedgePolicy")
+            .field("max_attempts", &self.max_attempts)
+            .field("delay", &self.delay)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl HedgePolicy {
+    /// A builder: 2 attempts, delay 0 (all at once), no non-fatal codes.
+    pub fn builder() -> HedgePolicyBuilder {
+        HedgePolicyBuilder {
+            max_attempts: 2,
+            track_backends: false,
+            delay: HedgeDelay::Fixed(Duration::ZERO),
+            classifier: None,
+            timeout: None,
+            non_idempotent: false,
+        }
+    }
+
+    /// The attempts allowed, including the first, before the client cap is applied.
+    pub fn max_attempts(&self) -> u32 {
+        self.max_attempts
+    }
+
+    /// The delay between hedges.
+    pub fn delay(&self) -> &HedgeDelay {
+        &self.delay
+    }
+
+    /// The call timeout used when a request carries no `grpc-timeout`.
+    pub fn timeout(&self) -> Option<Duration> {
+        self.timeout
+    }
+}
+
+/// Builds a [`HedgePolicy`].
+pub struct HedgePolicyBuilder {
+    max_attempts: u32,
+    track_backends: bool,
+    delay: HedgeDelay,
+    classifier: Option<Arc<dyn Classify>>,
+    timeout: Option<Duration>,
+    non_idempotent: bool,
+}
+
+impl fmt::Debug for HedgePolicyBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HedgePolicyBuilder")
+            .field("max_attempts", &self.max_attempts)
+            .field("delay", &self.delay)
+            .finish_non_exhaustive()
+    }
+}
+
+impl HedgePolicyBuilder {
+    /// The attempts allowed, counting the first; at least 2; clamped to the client cap.
+    pub fn max_attempts(mut self, max_attempts: u32) -> Self {
+        self.max_attempts = max_attempts;
+        self
+    }
+
+    /// Gives every attempt of a hedged call a shared
+    /// [`TriedBackends`](crate::metadata::TriedBackends) list, in which a load balancer records
+    /// the backend it picked, so that later hedges can go elsewhere (A6: "hedged requests
+    /// should be sent to distinct backends"). Off by default: it costs a few allocations per
+    /// call, worth it only when a balancer below reads it.
+    pub fn track_backends(mut self, enabled: bool) -> Self {
+        self.track_backends = enabled;
+        self
+    }
+
+    /// A fixed delay between hedges; zero sends every attempt at once.
+    pub fn delay(mut self, delay: Duration) -> Self {
+        self.delay = HedgeDelay::Fixed(delay);
+        self
+    }
+
+    /// A delay that follows a latency percentile of recent successful attempts, clamped,
+    /// with a fixed fallback until enough samples are in (beyond A6).
+    pub fn adaptive_delay(mut self, delay: AdaptiveDelay) -> Self {
+        self.delay = HedgeDelay::Adaptive(delay);
+        self
+    }
+
+    /// Which failures are non-fatal (the next hedge is sent at once, the others go on):
+    /// a [`GrpcCodes`] set or any [`Classify`]. Outcomes it calls `Retryable` are non-fatal.
+    /// Without one, every failure is fatal.
+    pub fn non_fatal(mut self, classifier: impl Classify) -> Self {
+        self.classifier = Some(Arc::new(classifier));
+        self
+    }
+
+    /// The call's timeout across all hedges, used when the request has no `grpc-timeout`.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// Hedges HTTP requests whose method is not idempotent (RFC 9110 §9.2.2), such as
+    /// `POST`: off by default, as for retries
+    /// ([`retry_non_idempotent`](crate::policy::RetryPolicyBuilder::retry_non_idempotent)),
+    /// since a hedge reaches the server's application a second time. gRPC requests are not
+    /// gated.
+    pub fn hedge_non_idempotent(mut self, enabled: bool) -> Self {
+        self.non_idempotent = enabled;
+        self
+    }
+
+    /// Validates and builds the policy.
+    pub fn build(self) -> Result<HedgePolicy, PolicyError> {
+        if self.max_attempts < 2 {
+            return Err(PolicyError::new("max_attempts", "must be at least 2"));
+        }
+        Ok(HedgePolicy {
+            max_attempts: self.max_attempts,
+            track_backends: self.track_backends,
+            delay: self.delay,
+            classifier: self
+                .classifier
+                .unwrap_or_else(|| Arc::new(GrpcCodes::empty())),
+            timeout: self.timeout,
+            non_idempotent: self.non_idempotent,
+        })
+    }
+}

@@ -1,0 +1,137 @@
+//! Retry and hedging policies, and the table that picks one for each request.
+//!
+//! A [`RetryPolicy`] says how often and how patiently a method is retried; a [`HedgePolicy`]
+//! says how many copies of a request may be in flight and how far apart they start. A
+//! [`Policies`] table maps requests to them:
+//!
+//! - gRPC methods by the request path `/package.Service/Method`: the exact method first,
+//!   then the whole service, as gRPC service config does;
+//! - HTTP routes by method and path prefix, in the order they were added;
+//! - then a default, if one is set.
+//!
+//! A request that matches nothing passes through the layers untouched.
+//!
+//! The table also holds what every call through a layer shares: the retry throttle (one per
+//! layer, one shared by several layers, or one per authority), the replay-buffer limits, the
+//! client's cap on `maxAttempts` (5 by default, as in gRPC) and the statistics.
+//!
+//! # Examples
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower_retry_hedge::backoff::Exponential;
+//! use tower_retry_hedge::classify::{Code, GrpcCodes, HttpStatuses};
+//! use tower_retry_hedge::policy::{HedgePolicy, Policies, RetryPolicy, Route};
+//! use tower_retry_hedge::throttle::Throttle;
+//!
+//! let retry = RetryPolicy::builder()
+//!     .max_attempts(4)
+//!     .backoff(Exponential::grpc(Duration::from_millis(100), Duration::from_secs(1), 2.0)?)
+//!     .retryable(GrpcCodes::from([Code::Unavailable]))
+//!     .build()?;
+//! let hedge = HedgePolicy::builder()
+//!     .max_attempts(3)
+//!     .delay(Duration::from_millis(50))
+//!     .non_fatal(GrpcCodes::from([Code::Unavailable]))
+//!     .build()?;
+//! let http = RetryPolicy::builder().retryable(HttpStatuses::default()).build()?;
+//!
+//! let policies = Policies::builder()
+//!     .method("helloworld.Greeter/SayHello", retry)
+//!     .service("helloworld.Lookup", hedge)
+//!     .route(Route::prefix("/api/"), http)
+//!     .throttle(Throttle::new(10, 0.1)?)
+//!     .build();
+//! assert!(policies.lookup(&http::Method::POST, "/helloworld.Greeter/SayHello").is_some());
+//! assert!(policies.lookup(&http::Method::GET, "/api/users").is_some());
+//! assert!(policies.lookup(&http::Method::GET, "/other").is_none());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod hedge;
+mod retry;
+mod table;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use self::hedge::{HedgeDelay, HedgePolicy, HedgePolicyBuilder};
+pub use self::retry::{RetryContext, RetryDecision, RetryPolicy, RetryPolicyBuilder};
+pub(crate) use self::table::ThrottleHandle;
+pub use self::table::{Policies, PoliciesBuilder, Route};
+
+/// The client-side cap on `maxAttempts` that gRPC applies by default.
+pub const DEFAULT_MAX_ATTEMPTS_CAP: u32 = 5;
+
+/// The longest server pushback (`grpc-retry-pushback-ms`) the layers wait out by default;
+/// a longer one stops the retries. A6 caps `maxAttempts` on the client because service
+/// config comes from DNS; a pushback comes from any server, and deserves a cap too.
+pub const DEFAULT_MAX_PUSHBACK: Duration = Duration::from_secs(60);
+
+/// Never-sent attempts retried transparently when the call has no deadline. With a deadline
+/// they are retried until it passes, as A6 says; without one, something must end the loop.
+pub const DEFAULT_MAX_TRANSPARENT_RETRIES: u32 = 10;
+
+/// An error building a policy: names the field and the rule it broke.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PolicyError {
+    field: &'static str,
+    rule: &'static str,
+}
+
+impl PolicyError {
+    pub(crate) fn new(field: &'static str, rule: &'static str) -> PolicyError {
+        PolicyError { field, rule }
+    }
+
+    /// The field that was wrong, such as `max_attempts`.
+    pub fn field(&self) -> &'static str {
+        self.field
+    }
+}
+
+impl fmt::Display for PolicyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.field, self.rule)
+    }
+}
+
+impl std::error::Error for PolicyError {}
+
+/// The policy of one method: retried or hedged, never both; or neither, with a timeout.
+#[derive(Debug, Clone)]
+pub enum MethodPolicy {
+    /// Retried by [`RetryLayer`](crate::RetryLayer); passes through the hedge layer.
+    Retry(Arc<RetryPolicy>),
+    /// Hedged by [`HedgeLayer`](crate::HedgeLayer); passes through the retry layer.
+    Hedge(Arc<HedgePolicy>),
+    /// Neither retried nor hedged, but given this call timeout across its (transparent)
+    /// attempts by the retry layer: what a service-config method entry with only a
+    /// `timeout` means.
+    Timeout(Duration),
+}
+
+impl MethodPolicy {
+    /// The call timeout the policy sets, used with the request's `grpc-timeout` (the
+    /// earliest wins).
+    pub fn timeout(&self) -> Option<Duration> {
+        match self {
+            MethodPolicy::Retry(policy) => policy.timeout,
+            MethodPolicy::Hedge(policy) => policy.timeout,
+            MethodPolicy::Timeout(timeout) => Some(*timeout),
+        }
+    }
+}
+
+impl From<RetryPolicy> for MethodPolicy {
+    fn from(policy: RetryPolicy) -> MethodPolicy {
+        MethodPolicy::Retry(Arc::new(policy))
+    }
+}
+
+impl From<HedgePolicy> for MethodPolicy {
+    fn from(policy: HedgePolicy) -> MethodPolicy {
+        MethodPolicy::Hedge(Arc::new(policy))
+    }
+}

@@ -1,0 +1,268 @@
+//! [`RetryPolicy`]: how a method is retried.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{DEFAULT_MAX_TRANSPARENT_RETRIES, PolicyError};
+use crate::backoff::{Backoff, Exponential};
+use crate::classify::{AttemptResult, Classify, Code, GrpcCodes, Outcome};
+
+fn default_backoff() -> Arc<dyn Backoff> {
+    // A6's own example: 0.1 s, x2, capped at 1 s, with today's gRPC jitter.
+    match Exponential::grpc(Duration::from_millis(100), Duration::from_secs(1), 2.0) {
+        Ok(backoff) => Arc::new(backoff),
+        Err(_) => unreachable!("the default backoff parameters are valid"),
+    }
+}
+
+/// What a [`RetryPolicyBuilder::on_retry`] hook sees before a retry.
+#[derive(Debug, Clone, Copy)]
+pub struct RetryContext<'a> {
+    /// Attempts made so far that count toward `maxAttempts`.
+    pub attempts: u32,
+    /// How the last attempt was classified.
+    pub outcome: Outcome,
+    /// The last attempt's response or error.
+    pub result: AttemptResult<'a>,
+    /// The delay the policy would wait: the server's pushback, or the backoff.
+    pub delay: Duration,
+}
+
+/// What a [`RetryPolicyBuilder::on_retry`] hook decides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetryDecision {
+    /// Retry after the policy's delay.
+    Proceed,
+    /// Retry after this delay instead (still never past the deadline).
+    Delay(Duration),
+    /// Do not retry: return the last attempt's outcome.
+    Stop,
+}
+
+type RetryHook = Arc<dyn Fn(&RetryContext<'_>) -> RetryDecision + Send + Sync>;
+
+/// How a method is retried: gRFC A6's `retryPolicy`, and a few things beyond it.
+#[derive(Clone)]
+pub struct RetryPolicy {
+    pub(crate) max_attempts: u32,
+    pub(crate) backoff: Arc<dyn Backoff>,
+    pub(crate) classifier: Arc<dyn Classify>,
+    pub(crate) timeout: Option<Duration>,
+    pub(crate) retry_non_idempotent: bool,
+    pub(crate) retry_with_idempotency_key: bool,
+    pub(crate) max_transparent_retries: u32,
+    pub(crate) per_attempt_timeout: Option<Duration>,
+    pub(crate) hedge_on_per_attempt_timeout: bool,
+    pub(crate) on_retry: Option<RetryHook>,
+}
+
+impl fmt::Debug for RetryPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RetryPolicy")
+            .field("max_attempts", &self.max_attempts)
+            .field("backoff", &self.backoff)
+            .field("timeout", &self.timeout)
+            .field("retry_non_idempotent", &self.retry_non_idempotent)
+            .field("per_attempt_timeout", &self.per_attempt_timeout)
+            .field(
+                "hedge_on_per_attempt_timeout",
+                &self.hedge_on_per_attempt_timeout,
+            )
+            .field("on_retry", &self.on_retry.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RetryPolicy {
+    /// A builder; see [`RetryPolicyBuilder`] for its defaults.
+    pub fn builder() -> RetryPolicyBuilder {
+        RetryPolicyBuilder {
+            max_attempts: 3,
+            backoff: None,
+            classifier: None,
+            timeout: None,
+            retry_non_idempotent: false,
+            retry_with_idempotency_key: false,
+            max_transparent_retries: DEFAULT_MAX_TRANSPARENT_RETRIES,
+            per_attempt_timeout: None,
+            hedge_on_per_attempt_timeout: false,
+            on_retry: None,
+        }
+    }
+
+    /// The attempts allowed, including the first, before the client cap is applied.
+    pub fn max_attempts(&self) -> u32 {
+        self.max_attempts
+    }
+
+    /// The call timeout used when a request carries no `grpc-timeout`.
+    pub fn timeout(&self) -> Option<Duration> {
+        self.timeout
+    }
+
+    /// The backoff schedule.
+    pub fn backoff(&self) -> &dyn Backoff {
+        &*self.backoff
+    }
+
+    /// The classifier of attempt outcomes.
+    pub fn classifier(&self) -> &dyn Classify {
+        &*self.classifier
+    }
+}
+
+/// Builds a [`RetryPolicy`].
+///
+/// Defaults: 3 attempts; backoff [`Exponential::grpc`]`(100 ms, 1 s, 2.0)`; `UNAVAILABLE`
+/// retryable; no timeout; non-idempotent HTTP methods not retried; at most
+/// [`DEFAULT_MAX_TRANSPARENT_RETRIES`] never-sent retries when the call has no deadline.
+pub struct RetryPolicyBuilder {
+    max_attempts: u32,
+    backoff: Option<Arc<dyn Backoff>>,
+    classifier: Option<Arc<dyn Classify>>,
+    timeout: Option<Duration>,
+    retry_non_idempotent: bool,
+    retry_with_idempotency_key: bool,
+    max_transparent_retries: u32,
+    per_attempt_timeout: Option<Duration>,
+    hedge_on_per_attempt_timeout: bool,
+    on_retry: Option<RetryHook>,
+}
+
+impl fmt::Debug for RetryPolicyBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RetryPolicyBuilder")
+            .field("max_attempts", &self.max_attempts)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RetryPolicyBuilder {
+    /// The attempts allowed, counting the first; at least 2. Values above the client cap
+    /// ([`PoliciesBuilder::max_attempts_cap`]) are clamped to it, not rejected.
+    pub fn max_attempts(mut self, max_attempts: u32) -> Self {
+        self.max_attempts = max_attempts;
+        self
+    }
+
+    /// The backoff schedule between attempts. Any [`Backoff`] works; its `attempt` is the
+    /// number of backoffs since the start of the call or the last server pushback.
+    pub fn backoff(mut self, backoff: impl Backoff + 'static) -> Self {
+        self.backoff = Some(Arc::new(backoff));
+        self
+    }
+
+    /// Which outcomes are retryable: a [`GrpcCodes`] set, an
+    /// [`HttpStatuses`](crate::classify::HttpStatuses), or any [`Classify`].
+    pub fn retryable(mut self, classifier: impl Classify) -> Self {
+        self.classifier = Some(Arc::new(classifier));
+        self
+    }
+
+    /// The call's timeout across all attempts, used when the request has no `grpc-timeout`
+    /// header (service config's `timeout`).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// Retries HTTP requests whose method is not idempotent (RFC 9110 §9.2.2), such as
+    /// `POST`. Off by default. gRPC requests are not gated: A6 leaves idempotency to the
+    /// choice of retryable codes.
+    pub fn retry_non_idempotent(mut self, enabled: bool) -> Self {
+        self.retry_non_idempotent = enabled;
+        self
+    }
+
+    /// Retries a non-idempotent HTTP request when it carries an `Idempotency-Key` header:
+    /// the server promises to apply it once whatever the number of copies. Off by default.
+    pub fn retry_with_idempotency_key(mut self, enabled: bool) -> Self {
+        self.retry_with_idempotency_key = enabled;
+        self
+    }
+
+    /// How many times a never-sent attempt is retried when the call has no deadline.
+    pub fn max_transparent_retries(mut self, max: u32) -> Self {
+        self.max_transparent_retries = max;
+        self
+    }
+
+    /// Cancels an attempt that takes longer than `timeout` and counts it as a retryable
+    /// failure (Envoy's `per_try_timeout`). The call's deadline still spans every attempt.
+    pub fn per_attempt_timeout(mut self, timeout: Duration) -> Self {
+        self.per_attempt_timeout = Some(timeout);
+        self
+    }
+
+    /// With a per-attempt timeout: when it fires, start the next attempt at once *without*
+    /// cancelling the slow one; the first answer that is not retryable (a success or a fatal
+    /// failure) wins and the others are cancelled (Envoy's `hedge_on_per_try_timeout`). A
+    /// request that may not be retried (a non-idempotent method without an opt-in) is never
+    /// sent twice: its slow attempt is left to answer. Off by default.
+    pub fn hedge_on_per_attempt_timeout(mut self, enabled: bool) -> Self {
+        self.hedge_on_per_attempt_timeout = enabled;
+        self
+    }
+
+    /// A hook that sees each retryable outcome before the retry and may change its delay
+    /// or stop it (Polly's `DelayGenerator`, resilience4j's `intervalBiFunction`). It runs
+    /// after A6's own checks (attempts left, pushback, commit): it can only make retrying
+    /// more careful, never exceed `maxAttempts`, the throttle or the deadline.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_retry_hedge::policy::{RetryDecision, RetryPolicy};
+    ///
+    /// let policy = RetryPolicy::builder()
+    ///     .on_retry(|ctx| {
+    ///         if ctx.attempts >= 2 && ctx.delay < Duration::from_millis(50) {
+    ///             RetryDecision::Delay(Duration::from_millis(50))
+    ///         } else {
+    ///             RetryDecision::Proceed
+    ///         }
+    ///     })
+    ///     .build()?;
+    /// # Ok::<(), tower_retry_hedge::policy::PolicyError>(())
+    /// ```
+    pub fn on_retry(
+        mut self,
+        hook: impl Fn(&RetryContext<'_>) -> RetryDecision + Send + Sync + 'static,
+    ) -> Self {
+        self.on_retry = Some(Arc::new(hook));
+        self
+    }
+
+    /// Validates and builds the policy.
+    pub fn build(self) -> Result<RetryPolicy, PolicyError> {
+        if self.max_attempts < 2 {
+            return Err(PolicyError::new("max_attempts", "must be at least 2"));
+        }
+        if self.per_attempt_timeout == Some(Duration::ZERO) {
+            return Err(PolicyError::new(
+                "per_attempt_timeout",
+                "must be above zero",
+            ));
+        }
+        if self.hedge_on_per_attempt_timeout && self.per_attempt_timeout.is_none() {
+            return Err(PolicyError::new(
+                "hedge_on_per_attempt_timeout",
+                "needs a per_attempt_timeout",
+            ));
+        }
+        Ok(RetryPolicy {
+            max_attempts: self.max_attempts,
+            backoff: self.backoff.unwrap_or_else(default_backoff),
+            classifier: self
+                .classifier
+                .unwrap_or_else(|| Arc::new(GrpcCodes::from([Code::Unavailable]))),
+            timeout: self.timeout,
+            retry_non_idempotent: self.retry_non_idempotent,
+            retry_with_idempotency_key: self.retry_with_idempotency_key,
+            max_transparent_retries: self.max_transparent_retries,
+            per_attempt_timeout: self.per_attempt_timeout,
+            hedge_on_per_attempt_timeout: self.hedge_on_per_attempt_timeout,
+            on_retry: self.on_retry,
+        })
+    }
+}

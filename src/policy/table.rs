@@ -1,0 +1,542 @@
+//! [`Policies`]: the table that picks a policy for each request, and what every call through
+//! the layers shares.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use http::{Method, Request};
+
+use super::{DEFAULT_MAX_ATTEMPTS_CAP, DEFAULT_MAX_PUSHBACK, MethodPolicy};
+use crate::body::BufferLimits;
+use crate::stats::Stats;
+use crate::throttle::{RetryThrottle, ThrottleRegistry};
+
+/// An HTTP route: a path prefix (matched on whole segments) and, optionally, a set of
+/// methods. Its statistics are kept under its name (the prefix, unless named otherwise),
+/// never under each raw path.
+///
+/// ```
+/// use tower_retry_hedge::policy::Route;
+/// use http::Method;
+///
+/// let route = Route::prefix("/api").methods([Method::GET, Method::PUT]);
+/// assert!(route.matches(&Method::GET, "/api/users"));
+/// assert!(route.matches(&Method::GET, "/api"));
+/// assert!(!route.matches(&Method::GET, "/apiary"));
+/// assert!(!route.matches(&Method::POST, "/api/users"));
+/// assert_eq!(route.name(), "/api");
+/// assert_eq!(Route::prefix("/api/v2").named("v2").name(), "v2");
+/// ```
+#[derive(Debug, Clone)]
+pub struct Route {
+    prefix: Box<str>,
+    methods: Option<Vec<Method>>,
+    name: Arc<str>,
+}
+
+impl Route {
+    /// Matches paths that start with `prefix` at a segment boundary (`/api` matches `/api`
+    /// and `/api/x`, not `/apiary`; a prefix ending in `/` matches below it).
+    pub fn prefix(prefix: impl Into<String>) -> Route {
+        let prefix: Box<str> = prefix.into().into_boxed_str();
+        Route {
+            name: Arc::from(&*prefix),
+            prefix,
+            methods: None,
+        }
+    }
+
+    /// Limits the route to these methods.
+    pub fn methods(mut self, methods: impl IntoIterator<Item = Method>) -> Route {
+        self.methods = Some(methods.into_iter().collect());
+        self
+    }
+
+    /// Names the route, for statistics and metrics (default: its prefix).
+    pub fn named(mut self, name: impl Into<String>) -> Route {
+        self.name = Arc::from(name.into());
+        self
+    }
+
+    /// The route's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Whether a request with this method and path takes the route.
+    pub fn matches(&self, method: &Method, path: &str) -> bool {
+        if let Some(methods) = &self.methods
+            && !methods.contains(method)
+        {
+            return false;
+        }
+        match path.strip_prefix(&*self.prefix) {
+            Some(rest) => self.prefix.ends_with('/') || rest.is_empty() || rest.starts_with('/'),
+            None => false,
+        }
+    }
+}
+
+/// The throttle a call counts against: the table's shared one, or its authority's bucket.
+/// Neither allocates per call.
+#[derive(Clone)]
+pub(crate) enum ThrottleHandle {
+    Shared(Arc<dyn RetryThrottle>),
+    Authority(crate::throttle::Throttle),
+}
+
+impl std::ops::Deref for ThrottleHandle {
+    type Target = dyn RetryThrottle;
+
+    fn deref(&self) -> &(dyn RetryThrottle + 'static) {
+        match self {
+            ThrottleHandle::Shared(throttle) => &**throttle,
+            ThrottleHandle::Authority(throttle) => throttle,
+        }
+    }
+}
+
+#[derive(Clone)]
+enum ThrottleChoice {
+    None,
+    Shared(Arc<dyn RetryThrottle>),
+    PerAuthority(ThrottleRegistry),
+}
+
+/// gRPC names (`package.Service/Method` or `package.Service`) to policies; `None` turns a
+/// broader policy off. foldhash, seeded per process, hashes a short name in a few ns where
+/// SipHash takes tens; its seed keeps names from a hostile service config from being
+/// chosen to collide.
+type Names = HashMap<Box<str>, Option<MethodPolicy>, foldhash::fast::RandomState>;
+
+/// What a request matched: its policy, and the name its statistics are kept under when it
+/// is not the request's own gRPC method path.
+#[derive(Clone, Copy)]
+pub(crate) struct Matched<'a> {
+    pub(crate) policy: &'a MethodPolicy,
+    pub(crate) route: Option<&'a Arc<str>>,
+}
+
+struct Table {
+    methods: Names,
+    services: Names,
+    routes: Vec<(Route, MethodPolicy)>,
+    default: Option<MethodPolicy>,
+    throttle: ThrottleChoice,
+    buffer_limits: BufferLimits,
+    max_attempts_cap: u32,
+    max_pushback: Duration,
+    track_backends: bool,
+    stats: Stats,
+    /// A retry layer was made from this table: a hedge layer above it leaves the calls it
+    /// does not hedge to it (transparent retries, the throttle's credit).
+    retry_layer: AtomicBool,
+}
+
+/// The policy table shared by [`RetryLayer`](crate::RetryLayer) and
+/// [`HedgeLayer`](crate::HedgeLayer). Cheap to clone: clones share the table, the throttle,
+/// the buffer budget and the statistics.
+#[derive(Clone)]
+pub struct Policies(Arc<Table>);
+
+impl fmt::Debug for Policies {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Policies")
+            .field("methods", &self.0.methods.len())
+            .field("services", &self.0.services.len())
+            .field("routes", &self.0.routes.len())
+            .field("default", &self.0.default.is_some())
+            .field("max_attempts_cap", &self.0.max_attempts_cap)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for Policies {
+    fn default() -> Policies {
+        Policies::builder().build()
+    }
+}
+
+impl Policies {
+    /// An empty table: every request passes through.
+    pub fn builder() -> PoliciesBuilder {
+        PoliciesBuilder {
+            methods: Names::default(),
+            services: Names::default(),
+            routes: Vec::new(),
+            default: None,
+            throttle: ThrottleChoice::None,
+            buffer_limits: BufferLimits::default(),
+            max_attempts_cap: DEFAULT_MAX_ATTEMPTS_CAP,
+            max_pushback: DEFAULT_MAX_PUSHBACK,
+            track_backends: false,
+        }
+    }
+
+    /// The policy for a request with this method and path, if any.
+    pub fn lookup(&self, method: &Method, path: &str) -> Option<&MethodPolicy> {
+        self.matched(method, path).map(|matched| matched.policy)
+    }
+
+    /// The policy for a request.
+    pub fn lookup_request<B>(&self, request: &Request<B>) -> Option<&MethodPolicy> {
+        self.lookup(request.method(), request.uri().path())
+    }
+
+    /// What a request with this method and path matches: a gRPC method, then its service
+    /// (as gRPC service config looks names up), then HTTP routes in order, then the default.
+    pub(crate) fn matched(&self, method: &Method, path: &str) -> Option<Matched<'_>> {
+        let table = &*self.0;
+        if let Some((service, _)) = crate::grpc_path::split(path) {
+            // `split` saw the leading `/`; a method is named without it.
+            let name = &path[1..];
+            // Each map is hashed into only when it has entries: most tables name methods or
+            // services, rarely both.
+            if !table.methods.is_empty()
+                && let Some(found) = table.methods.get(name)
+            {
+                return found.as_ref().map(|policy| Matched {
+                    policy,
+                    route: None,
+                });
+            }
+            if !table.services.is_empty()
+                && let Some(found) = table.services.get(service)
+            {
+                return found.as_ref().map(|policy| Matched {
+                    policy,
+                    route: None,
+                });
+            }
+        }
+        if let Some((route, policy)) = table.routes.iter().find(|(r, _)| r.matches(method, path)) {
+            return Some(Matched {
+                policy,
+                route: Some(&route.name),
+            });
+        }
+        table.default.as_ref().map(|policy| Matched {
+            policy,
+            route: None,
+        })
+    }
+
+    /// Counts a call that has a policy against its throttle (a budget deposits), and gives
+    /// the throttle it counts against.
+    pub(crate) fn begin_call<B>(&self, request: &Request<B>) -> Option<ThrottleHandle> {
+        let throttle = self.throttle_for(request);
+        if let Some(throttle) = &throttle {
+            throttle.on_call();
+        }
+        throttle
+    }
+
+    /// The throttle for a request: the shared one, or the one of its authority.
+    pub(crate) fn throttle_for<B>(&self, request: &Request<B>) -> Option<ThrottleHandle> {
+        match &self.0.throttle {
+            ThrottleChoice::None => None,
+            ThrottleChoice::Shared(throttle) => Some(ThrottleHandle::Shared(throttle.clone())),
+            ThrottleChoice::PerAuthority(registry) => {
+                let authority = request
+                    .uri()
+                    .authority()
+                    .map(|a| a.as_str())
+                    .or_else(|| {
+                        request
+                            .headers()
+                            .get(http::header::HOST)
+                            .and_then(|h| h.to_str().ok())
+                    })
+                    .unwrap_or("");
+                Some(ThrottleHandle::Authority(registry.get(authority)))
+            }
+        }
+    }
+
+    /// Whether any throttle is configured.
+    #[cfg(test)]
+    pub(crate) fn has_throttle(&self) -> bool {
+        !matches!(self.0.throttle, ThrottleChoice::None)
+    }
+
+    /// The replay-buffer limits shared by every call.
+    pub fn buffer_limits(&self) -> &BufferLimits {
+        &self.0.buffer_limits
+    }
+
+    /// The client's cap on `maxAttempts`.
+    pub fn max_attempts_cap(&self) -> u32 {
+        self.0.max_attempts_cap
+    }
+
+    /// The longest server pushback waited out.
+    pub fn max_pushback(&self) -> Duration {
+        self.0.max_pushback
+    }
+
+    /// Whether every call keeps a [`TriedBackends`](crate::metadata::TriedBackends) record
+    /// for the balancer below the layers.
+    pub fn track_backends(&self) -> bool {
+        self.0.track_backends
+    }
+
+    /// The statistics of every method.
+    pub fn stats(&self) -> &Stats {
+        &self.0.stats
+    }
+
+    /// Notes that a retry layer was made from this table (see
+    /// [`HedgeLayer`](crate::HedgeLayer) on calls without a policy).
+    pub(crate) fn note_retry_layer(&self) {
+        self.0.retry_layer.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether a retry layer was made from this table.
+    pub(crate) fn has_retry_layer(&self) -> bool {
+        self.0.retry_layer.load(Ordering::Relaxed)
+    }
+}
+
+/// Builds [`Policies`].
+pub struct PoliciesBuilder {
+    max_pushback: Duration,
+    methods: Names,
+    services: Names,
+    routes: Vec<(Route, MethodPolicy)>,
+    default: Option<MethodPolicy>,
+    throttle: ThrottleChoice,
+    buffer_limits: BufferLimits,
+    max_attempts_cap: u32,
+    track_backends: bool,
+}
+
+impl fmt::Debug for PoliciesBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PoliciesBuilder").finish_non_exhaustive()
+    }
+}
+
+fn grpc_name(name: &str) -> Box<str> {
+    name.trim_matches('/').into()
+}
+
+impl PoliciesBuilder {
+    /// The policy of one gRPC method, named `package.Service/Method` (a leading `/` is
+    /// accepted). Replaces an earlier policy for the same method.
+    pub fn method(mut self, name: &str, policy: impl Into<MethodPolicy>) -> Self {
+        self.methods.insert(grpc_name(name), Some(policy.into()));
+        self
+    }
+
+    /// The policy of every method of a gRPC service, named `package.Service`.
+    pub fn service(mut self, name: &str, policy: impl Into<MethodPolicy>) -> Self {
+        self.services.insert(grpc_name(name), Some(policy.into()));
+        self
+    }
+
+    /// No policy for this gRPC method, even if its service or the default has one: what a
+    /// service config's method entry without a retry or hedging policy (nor a timeout)
+    /// means.
+    pub fn method_without_policy(mut self, name: &str) -> Self {
+        self.methods.insert(grpc_name(name), None);
+        self
+    }
+
+    /// No policy for the methods of this gRPC service (but those given one by
+    /// [`method`](PoliciesBuilder::method)), even if the default has one.
+    pub fn service_without_policy(mut self, name: &str) -> Self {
+        self.services.insert(grpc_name(name), None);
+        self
+    }
+
+    /// The policy of an HTTP route; routes are tried in the order they were added, after
+    /// gRPC methods and services.
+    pub fn route(mut self, route: Route, policy: impl Into<MethodPolicy>) -> Self {
+        self.routes.push((route, policy.into()));
+        self
+    }
+
+    /// The policy of requests that match nothing else.
+    pub fn default_policy(mut self, policy: impl Into<MethodPolicy>) -> Self {
+        self.default = Some(policy.into());
+        self
+    }
+
+    /// One throttle for every call through layers built from these policies (gRPC's
+    /// per-channel throttle). Pass the same [`Throttle`](crate::throttle::Throttle) (it is
+    /// cheap to clone) to several tables to share it between layers.
+    pub fn throttle(mut self, throttle: impl RetryThrottle + 'static) -> Self {
+        self.throttle = ThrottleChoice::Shared(Arc::new(throttle));
+        self
+    }
+
+    /// One throttle per authority (host:port) of the request URI, for clients that talk to
+    /// many hosts.
+    pub fn throttle_per_authority(mut self, registry: ThrottleRegistry) -> Self {
+        self.throttle = ThrottleChoice::PerAuthority(registry);
+        self
+    }
+
+    /// The replay-buffer limits (default 256 KiB per call, 16 MiB in all).
+    pub fn buffer_limits(mut self, limits: BufferLimits) -> Self {
+        self.buffer_limits = limits;
+        self
+    }
+
+    /// The client's cap on `maxAttempts` (default 5). Policies asking for more are clamped.
+    /// A cap below 1 is taken as 1.
+    pub fn max_attempts_cap(mut self, cap: u32) -> Self {
+        self.max_attempts_cap = cap.max(1);
+        self
+    }
+
+    /// The longest server pushback the layers wait out (default
+    /// [`DEFAULT_MAX_PUSHBACK`]); a longer one is taken as "do not retry".
+    pub fn max_pushback(mut self, max: Duration) -> Self {
+        self.max_pushback = max;
+        self
+    }
+
+    /// Gives every attempt of every call a shared
+    /// [`TriedBackends`](crate::metadata::TriedBackends) record, in which a load balancer
+    /// below the layers notes the backend it picked, so that a call's retries and hedges
+    /// go to backends it has not tried (A6: "hedged requests should be sent to distinct
+    /// backends"). Off by default: it costs an allocation per call, worth it only when a
+    /// balancer reads it.
+    pub fn track_backends(mut self, enabled: bool) -> Self {
+        self.track_backends = enabled;
+        self
+    }
+
+    /// Builds the table.
+    pub fn build(self) -> Policies {
+        Policies(Arc::new(Table {
+            methods: self.methods,
+            services: self.services,
+            routes: self.routes,
+            default: self.default,
+            throttle: self.throttle,
+            buffer_limits: self.buffer_limits,
+            max_attempts_cap: self.max_attempts_cap,
+            max_pushback: self.max_pushback,
+            track_backends: self.track_backends,
+            stats: Stats::default(),
+            retry_layer: AtomicBool::new(false),
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::{HedgePolicy, RetryPolicy};
+
+    fn retry() -> RetryPolicy {
+        RetryPolicy::builder().build().unwrap()
+    }
+
+    fn hedge() -> HedgePolicy {
+        HedgePolicy::builder().build().unwrap()
+    }
+
+    #[test]
+    fn method_beats_service_beats_default() {
+        let policies = Policies::builder()
+            .method("/pkg.Svc/A", retry())
+            .service("pkg.Svc", hedge())
+            .default_policy(retry().clone())
+            .build();
+        let get = |p: &str| policies.lookup(&Method::POST, p).cloned();
+        assert!(matches!(get("/pkg.Svc/A"), Some(MethodPolicy::Retry(_))));
+        assert!(matches!(get("/pkg.Svc/B"), Some(MethodPolicy::Hedge(_))));
+        assert!(matches!(get("/pkg.Other/B"), Some(MethodPolicy::Retry(_))));
+        assert!(matches!(get("/"), Some(MethodPolicy::Retry(_))));
+    }
+
+    #[test]
+    fn long_tables_resolve_as_short_ones_do() {
+        // A few names and many: same answers.
+        for extra in [0, 16] {
+            let mut builder = Policies::builder()
+                .method("/pkg.Svc/A", retry())
+                .service("pkg.Svc", hedge())
+                .method_without_policy("pkg.Svc/Off");
+            for i in 0..extra {
+                builder = builder
+                    .method(&format!("pkg.Filler/M{i}"), retry())
+                    .service(&format!("pkg.Filler{i}"), retry());
+            }
+            let policies = builder.build();
+            let get = |p: &str| policies.lookup(&Method::POST, p).cloned();
+            assert!(matches!(get("/pkg.Svc/A"), Some(MethodPolicy::Retry(_))));
+            assert!(matches!(get("/pkg.Svc/B"), Some(MethodPolicy::Hedge(_))));
+            assert!(get("/pkg.Svc/Off").is_none());
+            assert!(get("/pkg.Other/A").is_none());
+            if extra > 0 {
+                assert!(matches!(
+                    get("/pkg.Filler/M3"),
+                    Some(MethodPolicy::Retry(_))
+                ));
+                assert!(matches!(
+                    get("/pkg.Filler5/Any"),
+                    Some(MethodPolicy::Retry(_))
+                ));
+            }
+        }
+    }
+
+    #[test]
+    fn entries_without_policy_turn_broader_ones_off() {
+        let policies = Policies::builder()
+            .service("pkg.Svc", retry())
+            .method_without_policy("pkg.Svc/Off")
+            .service_without_policy("pkg.Quiet")
+            .method("pkg.Quiet/Loud", hedge())
+            .default_policy(retry())
+            .build();
+        let get = |p: &str| policies.lookup(&Method::POST, p).cloned();
+        assert!(matches!(get("/pkg.Svc/On"), Some(MethodPolicy::Retry(_))));
+        assert!(get("/pkg.Svc/Off").is_none());
+        assert!(get("/pkg.Quiet/X").is_none());
+        assert!(matches!(
+            get("/pkg.Quiet/Loud"),
+            Some(MethodPolicy::Hedge(_))
+        ));
+        assert!(matches!(get("/other.Svc/X"), Some(MethodPolicy::Retry(_))));
+    }
+
+    #[test]
+    fn no_match_without_default() {
+        let policies = Policies::builder().method("pkg.Svc/A", retry()).build();
+        assert!(policies.lookup(&Method::POST, "/pkg.Svc/B").is_none());
+        assert!(policies.lookup(&Method::POST, "").is_none());
+        assert!(policies.lookup(&Method::POST, "/pkg.Svc/A/extra").is_none());
+    }
+
+    #[test]
+    fn routes_in_order() {
+        let policies = Policies::builder()
+            .route(Route::prefix("/api/slow"), hedge())
+            .route(Route::prefix("/api"), retry())
+            .build();
+        assert!(matches!(
+            policies.lookup(&Method::GET, "/api/slow/x"),
+            Some(MethodPolicy::Hedge(_))
+        ));
+        assert!(matches!(
+            policies.lookup(&Method::GET, "/api/fast"),
+            Some(MethodPolicy::Retry(_))
+        ));
+        assert!(policies.lookup(&Method::GET, "/apix").is_none());
+    }
+
+    #[test]
+    fn builders_validate() {
+        let err = RetryPolicy::builder().max_attempts(1).build().unwrap_err();
+        assert_eq!(err.to_string(), "max_attempts: must be at least 2");
+        assert!(HedgePolicy::builder().max_attempts(0).build().is_err());
+    }
+}
