@@ -140,7 +140,7 @@ impl fmt::Debug for RetryPolicyBuilder {
 
 impl RetryPolicyBuilder {
     /// The attempts allowed, counting the first; at least 2. Values above the client cap
-    /// ([`PoliciesBuilder::max_attempts_cap`]) are clamped to it, not rejected.
+    /// ([`PoliciesBuilder::max_attempts_cap`](super::PoliciesBuilder::max_attempts_cap)) are clamped to it, not rejected.
     pub fn max_attempts(mut self, max_attempts: u32) -> Self {
         self.max_attempts = max_attempts;
         self
