@@ -13,7 +13,7 @@
 //! [`Balance`] is a tower [`Service`] over a [`tower::discover::Discover`] of endpoint
 //! services that measure their [`Load`] (wrap them in
 //! [`tower::load::PendingRequests`] or [`tower::load::PeakEwma`]). Endpoints are driven to
-//! readiness by tower's [`ReadyCache`](tower::ready_cache::ReadyCache), as in tower's own
+//! readiness by tower's [`ReadyCache`], as in tower's own
 //! balancer. For each request:
 //!
 //! 1. Without a [`TriedBackends`] extension: power of two choices on load among the ready
