@@ -234,3 +234,46 @@ impl Tried {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_ids_are_kept_apart_and_capped_each() {
+        let tried = TriedBackends::default();
+        for i in 0..MAX_TRIED_BACKENDS + 4 {
+            tried.record(format!("backend-{i}"));
+            tried.record_id(BackendId::of(&i));
+        }
+        assert_eq!(tried.list().len(), MAX_TRIED_BACKENDS);
+        assert_eq!(tried.ids().len(), MAX_TRIED_BACKENDS);
+        assert!(tried.contains_id(BackendId::of(&(MAX_TRIED_BACKENDS - 1))));
+        assert!(!tried.contains_id(BackendId::of(&MAX_TRIED_BACKENDS)));
+        assert!(!tried.contains("backend-16"));
+    }
+
+    #[test]
+    fn ids_follow_the_key_not_its_type_name() {
+        // The same text as `&str` and `String` hashes alike: a key converted on the way to
+        // the balancer still matches.
+        assert_eq!(BackendId::of("a"), BackendId::of(&String::from("a")));
+        assert_ne!(BackendId::of(&1u32), BackendId::of(&2u32));
+    }
+
+    #[cfg(feature = "balance")]
+    #[test]
+    fn a_pick_is_recorded_under_the_same_lock() {
+        let tried = TriedBackends::default();
+        tried.record_id(BackendId::of("a"));
+        let picked = tried.pick_and_record(|ids| {
+            assert_eq!(ids, [BackendId::of("a")]);
+            Some(("b", BackendId::of("b")))
+        });
+        assert_eq!(picked, Some("b"));
+        assert_eq!(tried.ids(), [BackendId::of("a"), BackendId::of("b")]);
+        // Nothing picked: nothing recorded.
+        assert_eq!(tried.pick_and_record(|_| None::<((), BackendId)>), None);
+        assert_eq!(tried.ids().len(), 2);
+    }
+}
