@@ -341,9 +341,14 @@ async fn hedges_never_go_to_the_backend_their_call_tried() {
     // and the queueing, not the backends, decides the latency.
     let outcomes = guard(run(client, 0, HEDGE_CALLS, 4)).await;
 
+    let slow = &servers[0];
+    let slow_attempts = slow.attempts(0..HEDGE_CALLS);
+    let all_attempts: u32 = servers.iter().map(|s| s.attempts(0..HEDGE_CALLS)).sum();
     println!(
         "{HEDGE_CALLS} hedged calls, 4 at a time, 3 servers, one answering after 1 s, hedging \
-         delay 20 ms: p50 {:?}, p99 {:?}, max {:?}",
+         delay 20 ms: {slow_attempts} attempts to the slow server, {} hedges; latency p50 {:?}, \
+         p99 {:?}, max {:?}",
+        all_attempts - HEDGE_CALLS,
         quantile(&outcomes, 0.5),
         quantile(&outcomes, 0.99),
         quantile(&outcomes, 1.0),
@@ -360,15 +365,12 @@ async fn hedges_never_go_to_the_backend_their_call_tried() {
     }
     // The slow server took first attempts, and answered none of them: a hedge to a fast
     // server answered each of those calls first (the slow one takes 1 s).
-    let slow = &servers[0];
-    let slow_attempts = slow.attempts(0..HEDGE_CALLS);
     assert!(slow_attempts > 0, "the slow server took no attempt");
     assert_eq!(
         slow.backend.answered_ok.load(Ordering::Relaxed),
         0,
         "a call waited for it"
     );
-    let all_attempts: u32 = servers.iter().map(|s| s.attempts(0..HEDGE_CALLS)).sum();
     assert!(all_attempts > HEDGE_CALLS, "no call was hedged");
 
     for server in servers {
