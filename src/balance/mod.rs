@@ -149,9 +149,9 @@
 //!   ([`throttle_per_authority`](crate::policy::PoliciesBuilder::throttle_per_authority)): the
 //!   layers read the authority of the request *above* the balancer, the name of the service,
 //!   not of a backend, so one bucket counts the failures of the whole backend set, as gRFC A6
-//!   asks ("per server name"). Avoiding a failed backend within a call does not spare the
-//!   bucket that failure: a backend that fails every call drains the bucket all of them share,
-//!   and the throttle then stops retries to the healthy ones too.
+//!   asks ("per server name"). The bucket still counts every failure of a bad backend: one
+//!   that fails every call drains the bucket all backends share, and the throttle then stops
+//!   retries to the healthy ones too.
 //! - **Ejection is out of scope**: a backend that fails is avoided by the calls that tried it,
 //!   not by the others. Take a backend that keeps failing out of the discovery stream (or use
 //!   an outlier detector below). An endpoint whose `poll_ready` fails is dropped, as tower's
