@@ -11,6 +11,8 @@
 //!   channel before.
 //! - Policies come from code ([`Policies`]) or from the same gRPC service-config JSON that a
 //!   grpc-go or grpc-java client is given ([`config::ServiceConfig`]).
+//! - Several backends: [`balance`] (feature `balance`) sends a call's retries and hedges to
+//!   backends the call has not tried.
 //! - The building blocks stand alone: [`backoff`] schedules for a reconnect loop,
 //!   [`throttle`], the header parsers in [`pushback`] and [`grpc_timeout`].
 //!
@@ -83,6 +85,8 @@
 //! | `tonic` | yes | `tonic::body::Body` can be replayed; a gRPC call past its deadline (or whose last attempt hit its per-attempt timeout) fails with `tonic::Status::deadline_exceeded` |
 //! | `h2` | no | HTTP/2 `REFUSED_STREAM` and `GOAWAY` errors are recognised for transparent retries |
 //! | `hyper-util` | no | hyper-util's client "connect" errors are recognised as never sent |
+//! | `balance` | no | [`balance::Balance`]: a balancer over a `tower::discover::Discover` that sends each attempt of a call to a backend the call has not tried |
+//! | `tonic-transport` | no | [`balance::BalancedChannel`]: that balancer over tonic `Endpoint`s, in place of `Channel::balance_list` (pulls tonic's client transport) |
 //!
 //! # Jitter: which gRPC?
 //!
@@ -110,6 +114,9 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod backoff;
+#[cfg(feature = "balance")]
+#[cfg_attr(docsrs, doc(cfg(feature = "balance")))]
+pub mod balance;
 pub mod body;
 mod call;
 pub mod classify;

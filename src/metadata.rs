@@ -5,7 +5,8 @@
 //!   Every attempt after the first carries an [`AttemptInfo`] extension (the first carries
 //!   none, so the success path allocates nothing for it). With
 //!   [`track_backends`](crate::policy::HedgePolicyBuilder::track_backends), every attempt of
-//!   a hedged call carries a shared [`TriedBackends`] list for the load balancer.
+//!   a hedged call carries a shared [`TriedBackends`] list for the load balancer (the
+//!   `balance` module reads and fills it).
 //! - Responses: a call that made more than one attempt returns an [`Attempts`] extension
 //!   and, for gRPC, `grpc-previous-rpc-attempts` in the response headers (tonic exposes them
 //!   as response metadata). Like that header, the extension is absent after a single attempt,
@@ -156,50 +157,178 @@ impl Deadline {
     }
 }
 
-/// The maximum number of backends a [`TriedBackends`] list keeps.
+/// The maximum number of backends a [`TriedBackends`] list keeps, of each kind (names and
+/// [`BackendId`]s).
 pub const MAX_TRIED_BACKENDS: usize = 16;
 
-/// The backends a hedged call has already used: a request extension on every attempt of a
-/// hedged call whose policy asks for it
-/// ([`track_backends`](crate::policy::HedgePolicyBuilder::track_backends)).
+/// A backend as a balancer records it in [`TriedBackends`]: a 64-bit digest of the key under
+/// which the balancer knows the endpoint (its `Discover` key).
 ///
-/// gRFC A6 asks that hedges go to distinct backends where possible. The layer cannot know
-/// which backend an attempt reaches, so the list is shared by all attempts of a call: a load
-/// balancer under the layer records the backend it picks for each attempt, and avoids the
-/// ones already listed when it picks for a later hedge.
+/// Equal keys give equal ids, in every balancer of the process, so an endpoint that is
+/// removed and added again under the same key is still the one the call tried. Two different
+/// keys give the same id with a chance of about 2⁻⁶⁴ per pair; then a balancer would pass
+/// over the second as if it had been tried, never the other way round.
 ///
 /// ```
-/// use tower_retry_hedge::metadata::TriedBackends;
+/// use tower_retry_hedge::metadata::BackendId;
+///
+/// assert_eq!(BackendId::of("10.0.0.1:443"), BackendId::of("10.0.0.1:443"));
+/// assert_ne!(BackendId::of("10.0.0.1:443"), BackendId::of("10.0.0.2:443"));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct BackendId(u64);
+
+impl BackendId {
+    /// The id of the endpoint known by `key`.
+    pub fn of<K: std::hash::Hash + ?Sized>(key: &K) -> BackendId {
+        use std::hash::BuildHasher;
+        // A fixed seed: the same key gives the same id in every balancer and every call.
+        BackendId(foldhash::quality::FixedState::with_seed(0x7472_6965_645f_6964).hash_one(key))
+    }
+}
+
+/// The backends a call has already used: a request extension shared by every attempt of the
+/// call, in which a load balancer under the layers records the backend it picks for each
+/// attempt and reads the ones to avoid.
+///
+/// gRFC A6 asks that hedges go to distinct backends where possible, and a retry after a
+/// failure is better sent elsewhere too. The layers cannot know which backend an attempt
+/// reaches, so the list is shared by all attempts of a call (clones share one list):
+/// `balance::Balance` (feature `balance`) records a [`BackendId`]
+/// per attempt and picks, for a later attempt, an endpoint whose id is not listed yet. A
+/// balancer of your own may do the same, or record names ([`record`](Self::record)).
+///
+/// The layers add it to hedged calls whose policy asks for it
+/// ([`track_backends`](crate::policy::HedgePolicyBuilder::track_backends)). A request that
+/// already carries one keeps it for all of its attempts, since the layers copy a request's
+/// extensions to every attempt: inserting a fresh `TriedBackends::default()` into each request
+/// above the layers turns the record on for any call.
+///
+/// ```
+/// use tower_retry_hedge::metadata::{BackendId, TriedBackends};
 ///
 /// let tried = TriedBackends::default();
 /// let seen_by_a_later_hedge = tried.clone();
 /// tried.record("10.0.0.1:443");
 /// assert!(seen_by_a_later_hedge.contains("10.0.0.1:443"));
 /// assert_eq!(seen_by_a_later_hedge.list(), vec!["10.0.0.1:443".to_string()]);
+///
+/// // What a balancer records: ids, kept apart from the names.
+/// tried.record_id(BackendId::of("10.0.0.2:443"));
+/// assert!(seen_by_a_later_hedge.contains_id(BackendId::of("10.0.0.2:443")));
+/// assert_eq!(seen_by_a_later_hedge.ids(), vec![BackendId::of("10.0.0.2:443")]);
+/// assert_eq!(seen_by_a_later_hedge.list().len(), 1);
 /// ```
 #[derive(Debug, Clone, Default)]
-pub struct TriedBackends(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+pub struct TriedBackends(std::sync::Arc<std::sync::Mutex<Tried>>);
+
+/// What a [`TriedBackends`] list holds: names recorded by [`TriedBackends::record`] and ids
+/// recorded by [`TriedBackends::record_id`], each in order.
+#[derive(Debug, Default)]
+struct Tried {
+    names: Vec<String>,
+    ids: Vec<BackendId>,
+}
 
 impl TriedBackends {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<String>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Tried> {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Records a backend; past [`MAX_TRIED_BACKENDS`] entries, further ones are dropped.
+    /// Records a backend by name; past [`MAX_TRIED_BACKENDS`] names, further ones are dropped.
     pub fn record(&self, backend: impl Into<String>) {
-        let mut list = self.lock();
-        if list.len() < MAX_TRIED_BACKENDS {
-            list.push(backend.into());
+        let mut tried = self.lock();
+        if tried.names.len() < MAX_TRIED_BACKENDS {
+            tried.names.push(backend.into());
         }
     }
 
-    /// Whether the call has used this backend.
+    /// Whether the call has used this backend, as recorded by name.
     pub fn contains(&self, backend: &str) -> bool {
-        self.lock().iter().any(|b| b == backend)
+        self.lock().names.iter().any(|b| b == backend)
     }
 
-    /// The backends used so far, in order.
+    /// The backends recorded by name so far, in order.
     pub fn list(&self) -> Vec<String> {
-        self.lock().clone()
+        self.lock().names.clone()
+    }
+
+    /// Records a backend by id; past [`MAX_TRIED_BACKENDS`] ids, further ones are dropped.
+    pub fn record_id(&self, backend: BackendId) {
+        self.lock().push_id(backend);
+    }
+
+    /// Whether the call has used this backend, as recorded by id.
+    pub fn contains_id(&self, backend: BackendId) -> bool {
+        self.lock().ids.contains(&backend)
+    }
+
+    /// The backends recorded by id so far, in order.
+    pub fn ids(&self) -> Vec<BackendId> {
+        self.lock().ids.clone()
+    }
+
+    /// Runs `pick` over the ids recorded so far and records the id of what it picked, under
+    /// one lock: two hedges of a call picking at once cannot both miss the other's pick.
+    #[cfg(feature = "balance")]
+    pub(crate) fn pick_and_record<T>(
+        &self,
+        pick: impl FnOnce(&[BackendId]) -> Option<(T, BackendId)>,
+    ) -> Option<T> {
+        let mut tried = self.lock();
+        let (picked, id) = pick(&tried.ids)?;
+        tried.push_id(id);
+        Some(picked)
+    }
+}
+
+impl Tried {
+    fn push_id(&mut self, backend: BackendId) {
+        if self.ids.len() < MAX_TRIED_BACKENDS {
+            self.ids.push(backend);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_ids_are_kept_apart_and_capped_each() {
+        let tried = TriedBackends::default();
+        for i in 0..MAX_TRIED_BACKENDS + 4 {
+            tried.record(format!("backend-{i}"));
+            tried.record_id(BackendId::of(&i));
+        }
+        assert_eq!(tried.list().len(), MAX_TRIED_BACKENDS);
+        assert_eq!(tried.ids().len(), MAX_TRIED_BACKENDS);
+        assert!(tried.contains_id(BackendId::of(&(MAX_TRIED_BACKENDS - 1))));
+        assert!(!tried.contains_id(BackendId::of(&MAX_TRIED_BACKENDS)));
+        assert!(!tried.contains("backend-16"));
+    }
+
+    #[test]
+    fn ids_follow_the_key_not_its_type_name() {
+        // The same text as `&str` and `String` hashes alike: a key converted on the way to
+        // the balancer still matches.
+        assert_eq!(BackendId::of("a"), BackendId::of(&String::from("a")));
+        assert_ne!(BackendId::of(&1u32), BackendId::of(&2u32));
+    }
+
+    #[cfg(feature = "balance")]
+    #[test]
+    fn a_pick_is_recorded_under_the_same_lock() {
+        let tried = TriedBackends::default();
+        tried.record_id(BackendId::of("a"));
+        let picked = tried.pick_and_record(|ids| {
+            assert_eq!(ids, [BackendId::of("a")]);
+            Some(("b", BackendId::of("b")))
+        });
+        assert_eq!(picked, Some("b"));
+        assert_eq!(tried.ids(), [BackendId::of("a"), BackendId::of("b")]);
+        // Nothing picked: nothing recorded.
+        assert_eq!(tried.pick_and_record(|_| None::<((), BackendId)>), None);
+        assert_eq!(tried.ids().len(), 2);
     }
 }

@@ -1,0 +1,413 @@
+//! Several backends: what sending each attempt of a call to a backend the call has not tried
+//! buys, for hedges and for retries.
+//!
+//! Three backends answer after 1 ms ± 20 % (uniform). Calls arrive at 1000/s (one every
+//! millisecond, open loop) on tokio's paused clock, with seeded generators, and go through:
+//!
+//! - `random`: tower's `p2c::Balance` over endpoints that all report load 0, which is what
+//!   tonic's `Channel::balance_list` builds: every attempt is a uniform pick;
+//! - `ours, no record`: this crate's `balance::Balance` over endpoints whose load is their
+//!   requests in flight (tower's `PendingRequests`), without the call's `TriedBackends`: power
+//!   of two choices on load, as tower's balancer does;
+//! - `ours`: the same with the record: each attempt goes to a backend its call has not tried.
+//!
+//! Two runs:
+//!
+//! - hedge: backend `c` is slow (100 ms) during 1 % of the 10 ms time windows, drawn once per
+//!   window (per-backend slowness: every request it gets in such a window is slow); the hedge
+//!   layer sends a hedge after 2 ms, `maxAttempts` 2 and 3. Printed: p50, p99, p99.9, p99.99
+//!   and max latency, and the extra requests the backends received. `bare` rows are the
+//!   balancers without hedging.
+//! - retry: backend `c` answers every attempt with UNAVAILABLE after 0.2 ms; the retry layer
+//!   allows 3 attempts (gRFC A6's example backoff, 0.1 s × 2 up to 1 s, ±20 %; no throttle).
+//!   Printed: failed calls per 10 000 and attempts per call.
+//!
+//! As in `hedge_tail`, the paused clock runs 10 times faster than the model by default
+//! (`--scale 10`), so that tokio's whole-millisecond timers keep a 0.1 ms resolution; every
+//! figure is in model time.
+//!
+//! ```text
+//! cargo run --release --features balance --example several_backends -- \
+//!     [--hedge-calls N] [--retry-calls N] [--seed N] [--scale N]
+//! ```
+
+#[path = "support/common.rs"]
+mod common;
+#[path = "support/track_backends.rs"]
+mod track_backends;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use rand::rngs::SmallRng;
+use rand::{Rng, RngCore, SeedableRng};
+use tokio::time::{Instant, MissedTickBehavior};
+use tower::buffer::Buffer;
+use tower::discover::ServiceList;
+use tower::load::{CompleteOnResponse, Constant, PendingRequests};
+use tower::util::BoxCloneService;
+use tower::{BoxError, Layer, Service, ServiceExt};
+use tower_retry_hedge::backoff::Exponential;
+use tower_retry_hedge::balance::Balance;
+use tower_retry_hedge::classify::{Code, GrpcCodes};
+use tower_retry_hedge::{HedgeLayer, HedgePolicy, Policies, RetryLayer, RetryPolicy};
+
+use common::{Cli, Req, Res, SERVICE, Seeded, grpc_request, paused_runtime, print_table, quantile};
+use track_backends::track_backends;
+
+const FAST_MS: f64 = 1.0;
+const FAST_JITTER: f64 = 0.2;
+const SLOW_MS: f64 = 100.0;
+const WINDOW_MS: f64 = 10.0;
+const SLOW_WINDOW_SHARE: f64 = 0.01;
+const DEAD_MS: f64 = 0.2;
+const ARRIVAL_MS: f64 = 1.0;
+const HEDGE_DELAY_MS: f64 = 2.0;
+/// Requests the buffer in front of a balancer holds.
+const BUFFER: usize = 1024;
+
+/// Converts between model time and the paused clock, which runs `scale` times faster.
+#[derive(Debug, Clone, Copy)]
+struct Scale(u32);
+
+impl Scale {
+    fn clock(self, model_ms: f64) -> Duration {
+        Duration::from_secs_f64(model_ms * f64::from(self.0) / 1000.0)
+    }
+
+    fn model_ms(self, clock: Duration) -> f64 {
+        clock.as_secs_f64() * 1000.0 / f64::from(self.0)
+    }
+}
+
+/// How a backend answers.
+#[derive(Clone)]
+enum Behaviour {
+    /// 1 ms ± 20 %.
+    Fast,
+    /// 100 ms in the windows marked slow, from `start`; 1 ms ± 20 % otherwise.
+    SlowIn {
+        windows: Arc<Vec<bool>>,
+        start: Instant,
+    },
+    /// UNAVAILABLE after 0.2 ms.
+    Dead,
+}
+
+/// A simulated backend: a hand-written service that answers after a sleep, drawn from a
+/// seeded generator, and counts the requests it receives.
+#[derive(Clone)]
+struct Backend {
+    behaviour: Behaviour,
+    rng: Arc<Mutex<SmallRng>>,
+    requests: Arc<AtomicU64>,
+    scale: Scale,
+}
+
+impl Backend {
+    fn new(behaviour: Behaviour, seed: u64, scale: Scale) -> Self {
+        Backend {
+            behaviour,
+            rng: Arc::new(Mutex::new(SmallRng::seed_from_u64(seed))),
+            requests: Arc::new(AtomicU64::new(0)),
+            scale,
+        }
+    }
+
+    fn fast(&self) -> f64 {
+        let mut rng = self.rng.lock().unwrap_or_else(|e| e.into_inner());
+        FAST_MS * rng.random_range(1.0 - FAST_JITTER..=1.0 + FAST_JITTER)
+    }
+
+    /// The answer's latency in model milliseconds and its gRPC status.
+    fn answer(&self) -> (f64, u8) {
+        match &self.behaviour {
+            Behaviour::Fast => (self.fast(), 0),
+            Behaviour::SlowIn { windows, start } => {
+                let window = (self.scale.model_ms(start.elapsed()) / WINDOW_MS) as usize;
+                if windows.get(window).copied().unwrap_or(false) {
+                    (SLOW_MS, 0)
+                } else {
+                    (self.fast(), 0)
+                }
+            }
+            Behaviour::Dead => (DEAD_MS, Code::Unavailable as u8),
+        }
+    }
+}
+
+impl Service<Req> for Backend {
+    type Response = Res;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<Res, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _request: Req) -> Self::Future {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        let (model_ms, status) = self.answer();
+        let latency = self.scale.clock(model_ms);
+        Box::pin(async move {
+            tokio::time::sleep(latency).await;
+            Ok(common::trailers_only(status))
+        })
+    }
+}
+
+/// tower's balancer draws from its own generator trait; this one is seeded.
+struct SeededRng(SmallRng);
+
+impl tower::util::rng::Rng for SeededRng {
+    fn next_u64(&mut self) -> u64 {
+        self.0.next_u64()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Balancer {
+    Random,
+    OursNoRecord,
+    Ours,
+}
+
+impl Balancer {
+    fn name(self) -> &'static str {
+        match self {
+            Balancer::Random => "random (tonic's balance_list)",
+            Balancer::OursNoRecord => "ours, no record",
+            Balancer::Ours => "ours",
+        }
+    }
+
+    /// The balancer over `backends`, behind a buffer (the layers clone their service).
+    fn over(self, backends: &[Backend], seed: u64) -> BoxCloneService<Req, Res, BoxError> {
+        match self {
+            Balancer::Random => {
+                let endpoints = backends.iter().map(|b| Constant::new(b.clone(), 0u32));
+                let balance = tower::balance::p2c::Balance::from_rng(
+                    ServiceList::new(endpoints.collect::<Vec<_>>()),
+                    SeededRng(SmallRng::seed_from_u64(seed)),
+                );
+                BoxCloneService::new(Buffer::new(balance, BUFFER))
+            }
+            Balancer::OursNoRecord | Balancer::Ours => {
+                let endpoints = backends
+                    .iter()
+                    .map(|b| PendingRequests::new(b.clone(), CompleteOnResponse::default()));
+                let balance =
+                    Balance::with_seed(ServiceList::new(endpoints.collect::<Vec<_>>()), seed);
+                BoxCloneService::new(Buffer::new(balance, BUFFER))
+            }
+        }
+    }
+
+    /// `layer` over this balancer, with the call's record when this is `Ours`.
+    fn client<L>(
+        self,
+        layer: L,
+        backends: &[Backend],
+        seed: u64,
+    ) -> BoxCloneService<Req, Res, BoxError>
+    where
+        L: Layer<BoxCloneService<Req, Res, BoxError>>,
+        L::Service: Service<Req, Response = Res, Error = BoxError> + Clone + Send + 'static,
+        <L::Service as Service<Req>>::Future: Send,
+    {
+        let layered = layer.layer(self.over(backends, seed));
+        if self == Balancer::Ours {
+            BoxCloneService::new(track_backends(layered))
+        } else {
+            BoxCloneService::new(layered)
+        }
+    }
+}
+
+/// What the calls of a run gave: each call's latency (model ms) and whether it ended OK.
+struct Outcome {
+    latencies_ms: Vec<f64>,
+    failed: usize,
+}
+
+/// `calls` calls, one every model millisecond, each in its own task.
+async fn run(
+    client: BoxCloneService<Req, Res, BoxError>,
+    calls: usize,
+    scale: Scale,
+) -> Result<Outcome, BoxError> {
+    let mut arrivals = tokio::time::interval(scale.clock(ARRIVAL_MS));
+    arrivals.set_missed_tick_behavior(MissedTickBehavior::Burst);
+    let mut tasks = Vec::with_capacity(calls);
+    for _ in 0..calls {
+        arrivals.tick().await;
+        let client = client.clone();
+        tasks.push(tokio::spawn(async move {
+            let started = Instant::now();
+            let response = client.oneshot(grpc_request()).await?;
+            Ok::<_, BoxError>((started.elapsed(), common::is_ok(&response)))
+        }));
+    }
+    let mut outcome = Outcome {
+        latencies_ms: Vec::with_capacity(calls),
+        failed: 0,
+    };
+    for task in tasks {
+        let (latency, ok) = task.await??;
+        outcome.latencies_ms.push(scale.model_ms(latency));
+        outcome.failed += usize::from(!ok);
+    }
+    Ok(outcome)
+}
+
+/// Three backends, `c` as `behaviour` says; their request counters.
+fn backends(c: Behaviour, seed: u64, scale: Scale) -> Vec<Backend> {
+    vec![
+        Backend::new(Behaviour::Fast, seed, scale),
+        Backend::new(Behaviour::Fast, seed.wrapping_add(1), scale),
+        Backend::new(c, seed.wrapping_add(2), scale),
+    ]
+}
+
+fn requests(backends: &[Backend]) -> u64 {
+    backends
+        .iter()
+        .map(|b| b.requests.load(Ordering::Relaxed))
+        .sum()
+}
+
+/// The hedge run: one row per hedging set-up and balancer.
+async fn hedge_rows(calls: usize, seed: u64, scale: Scale) -> Result<Vec<Vec<String>>, BoxError> {
+    // Enough windows for the whole run and its last calls' hedges.
+    let windows = (calls as f64 * ARRIVAL_MS / WINDOW_MS) as usize + 100;
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let slow: Arc<Vec<bool>> = Arc::new(
+        (0..windows)
+            .map(|_| rng.random::<f64>() < SLOW_WINDOW_SHARE)
+            .collect(),
+    );
+    let slow_windows = slow.iter().filter(|&&s| s).count();
+    let mut rows = Vec::new();
+    for max_attempts in [1, 2, 3] {
+        for balancer in [Balancer::Random, Balancer::OursNoRecord, Balancer::Ours] {
+            let start = Instant::now();
+            let behaviour = Behaviour::SlowIn {
+                windows: Arc::clone(&slow),
+                start,
+            };
+            let backends = backends(behaviour, seed, scale);
+            let client = if max_attempts == 1 {
+                balancer.client(tower::layer::util::Identity::new(), &backends, seed)
+            } else {
+                let policy = HedgePolicy::builder()
+                    .max_attempts(max_attempts)
+                    .delay(scale.clock(HEDGE_DELAY_MS))
+                    .build()?;
+                let layer = HedgeLayer::new(Policies::builder().service(SERVICE, policy).build());
+                balancer.client(layer, &backends, seed)
+            };
+            let outcome = run(client, calls, scale).await?;
+            if outcome.failed > 0 {
+                return Err("the backends never fail, yet a call did".into());
+            }
+            let mut sorted = outcome.latencies_ms;
+            sorted.sort_by(f64::total_cmp);
+            let extra = requests(&backends).saturating_sub(calls as u64) as f64 / calls as f64;
+            let setup = if max_attempts == 1 {
+                "bare".to_string()
+            } else {
+                format!("hedge {HEDGE_DELAY_MS} ms, {max_attempts} attempts")
+            };
+            rows.push(vec![
+                setup,
+                balancer.name().to_string(),
+                format!("{:.2}", quantile(&sorted, 0.5)),
+                format!("{:.2}", quantile(&sorted, 0.99)),
+                format!("{:.2}", quantile(&sorted, 0.999)),
+                format!("{:.2}", quantile(&sorted, 0.9999)),
+                format!("{:.2}", sorted.last().copied().unwrap_or_default()),
+                sorted
+                    .iter()
+                    .filter(|&&ms| ms >= SLOW_MS)
+                    .count()
+                    .to_string(),
+                format!("{:.2}%", extra * 100.0),
+            ]);
+        }
+    }
+    println!(
+        "hedge: {calls} calls at 1/ms; 3 backends at 1 ms ± 20 %, c at 100 ms in {slow_windows} \
+         of {windows} 10 ms windows; seed {seed}, clock scale {}; latencies in ms",
+        scale.0
+    );
+    Ok(rows)
+}
+
+/// The retry run: one row per balancer.
+async fn retry_rows(calls: usize, seed: u64, scale: Scale) -> Result<Vec<Vec<String>>, BoxError> {
+    let mut rows = Vec::new();
+    for balancer in [Balancer::Random, Balancer::OursNoRecord, Balancer::Ours] {
+        let backends = backends(Behaviour::Dead, seed, scale);
+        let backoff = Exponential::grpc(scale.clock(100.0), scale.clock(1000.0), 2.0)?;
+        let policy = RetryPolicy::builder()
+            .max_attempts(3)
+            .backoff(Seeded::new(backoff, seed))
+            .retryable(GrpcCodes::from([Code::Unavailable]))
+            .build()?;
+        let layer = RetryLayer::new(Policies::builder().service(SERVICE, policy).build());
+        let client = balancer.client(layer, &backends, seed);
+        let outcome = run(client, calls, scale).await?;
+        let per_10k = outcome.failed as f64 * 10_000.0 / calls as f64;
+        rows.push(vec![
+            balancer.name().to_string(),
+            format!("{per_10k:.1}"),
+            format!("{:.4}", requests(&backends) as f64 / calls as f64),
+        ]);
+    }
+    println!(
+        "retry: {calls} calls at 1/ms; 3 backends, c answers UNAVAILABLE; maxAttempts 3; seed \
+         {seed}"
+    );
+    Ok(rows)
+}
+
+fn main() -> Result<(), BoxError> {
+    let mut cli = Cli::new(
+        "several_backends",
+        "[--hedge-calls N] [--retry-calls N] [--seed N] [--scale N]",
+    );
+    let hedge_calls: usize = cli.value("--hedge-calls", 100_000);
+    let retry_calls: usize = cli.value("--retry-calls", 10_000);
+    let seed: u64 = cli.value("--seed", 1);
+    let scale: u32 = cli.value("--scale", 10);
+    if hedge_calls == 0 || retry_calls == 0 || scale == 0 {
+        cli.fail("--hedge-calls, --retry-calls and --scale must be at least 1");
+    }
+    cli.finish();
+    let scale = Scale(scale);
+    let runtime = paused_runtime()?;
+
+    let rows = runtime.block_on(hedge_rows(hedge_calls, seed, scale))?;
+    print_table(
+        &[
+            "set-up",
+            "balancer",
+            "p50",
+            "p99",
+            "p99.9",
+            "p99.99",
+            "max",
+            ">=100ms",
+            "extra req",
+        ],
+        &rows,
+    );
+    println!();
+    let rows = runtime.block_on(retry_rows(retry_calls, seed, scale))?;
+    print_table(&["balancer", "failed per 10 000", "attempts/call"], &rows);
+    Ok(())
+}

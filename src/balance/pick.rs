@@ -1,0 +1,199 @@
+//! The choice of an endpoint: power of two choices on load, among the ready endpoints a call
+//! has not tried. The part of the balancer that no tower piece does: tower's
+//! `p2c::Balance` picks before it sees the request.
+
+use rand::Rng;
+
+use crate::metadata::BackendId;
+
+/// The ready endpoints as the picker sees them, by index in `0..len`.
+pub(crate) trait Candidates {
+    /// The load measure: lower is better.
+    type Load: PartialOrd;
+
+    /// How many endpoints are ready.
+    fn len(&self) -> usize;
+
+    /// The id of endpoint `index`.
+    fn id(&self, index: usize) -> BackendId;
+
+    /// The load of endpoint `index`.
+    fn load(&self, index: usize) -> Self::Load;
+}
+
+/// Picks a ready endpoint by index: of two drawn at random, the one with the lower load (the
+/// first drawn on a tie). Only endpoints whose id is not in `tried` are drawn; when each ready
+/// endpoint was tried, all of them are. `None` when no endpoint is ready.
+pub(crate) fn pick<C: Candidates>(
+    candidates: &C,
+    tried: &[BackendId],
+    rng: &mut impl Rng,
+) -> Option<usize> {
+    let len = candidates.len();
+    if len == 0 {
+        return None;
+    }
+    let untried = |index: &usize| !tried.contains(&candidates.id(*index));
+    let fresh = if tried.is_empty() {
+        len
+    } else {
+        (0..len).filter(untried).count()
+    };
+    // The pool: the untried endpoints if some but not all are; else every ready one.
+    let only_untried = fresh != len && fresh != 0;
+    let pool = if only_untried { fresh } else { len };
+    let nth = |n: usize| {
+        if only_untried {
+            (0..len)
+                .filter(untried)
+                .nth(n)
+                .expect("n is below the count of untried endpoints")
+        } else {
+            n
+        }
+    };
+    if pool == 1 {
+        return Some(nth(0));
+    }
+    // Two distinct ranks, uniformly.
+    let a = rng.random_range(0..pool);
+    let mut b = rng.random_range(0..pool - 1);
+    if b >= a {
+        b += 1;
+    }
+    let (a, b) = (nth(a), nth(b));
+    Some(if candidates.load(a) <= candidates.load(b) {
+        a
+    } else {
+        b
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+    use rand::rngs::SmallRng;
+
+    /// Endpoints with these loads; endpoint `i` has the id of key `i`.
+    struct Loads(Vec<u32>);
+
+    impl Candidates for Loads {
+        type Load = u32;
+
+        fn len(&self) -> usize {
+            self.0.len()
+        }
+
+        fn id(&self, index: usize) -> BackendId {
+            BackendId::of(&index)
+        }
+
+        fn load(&self, index: usize) -> u32 {
+            self.0[index]
+        }
+    }
+
+    fn ids(indices: impl IntoIterator<Item = usize>) -> Vec<BackendId> {
+        indices.into_iter().map(|i| BackendId::of(&i)).collect()
+    }
+
+    /// How often each endpoint is picked in `draws` picks.
+    fn counts(candidates: &Loads, tried: &[BackendId], draws: usize, seed: u64) -> Vec<usize> {
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let mut counts = vec![0; candidates.len()];
+        for _ in 0..draws {
+            let index = pick(candidates, tried, &mut rng).expect("a ready endpoint");
+            counts[index] += 1;
+        }
+        counts
+    }
+
+    #[test]
+    fn nothing_ready_picks_nothing() {
+        let mut rng = SmallRng::seed_from_u64(1);
+        assert_eq!(pick(&Loads(vec![]), &[], &mut rng), None);
+        assert_eq!(pick(&Loads(vec![]), &ids([0]), &mut rng), None);
+    }
+
+    #[test]
+    fn tried_endpoints_are_never_picked_while_another_is_ready() {
+        // Every subset of 5 endpoints, but the full one, as the tried set; the tried ones
+        // carry the lowest loads, so that power of two choices would favour them.
+        let loads = Loads(vec![0, 1, 2, 3, 4]);
+        for mask in 0u32..(1 << 5) - 1 {
+            let tried = ids((0..5).filter(|i| mask & (1 << i) != 0));
+            let counts = counts(&loads, &tried, 2_000, u64::from(mask));
+            for (index, count) in counts.iter().enumerate() {
+                let was_tried = mask & (1 << index) != 0;
+                if was_tried {
+                    assert_eq!(*count, 0, "tried endpoint {index} picked, mask {mask:05b}");
+                }
+            }
+            // Each untried endpoint but the most loaded one of them can win a draw.
+            let untried: Vec<usize> = (0..5).filter(|i| mask & (1 << i) == 0).collect();
+            for &index in &untried[..untried.len().saturating_sub(1).max(1)] {
+                assert!(
+                    counts[index] > 0,
+                    "endpoint {index} never picked, mask {mask:05b}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn when_every_endpoint_was_tried_all_are_drawn() {
+        let loads = Loads(vec![0, 0, 0, 0]);
+        let counts = counts(&loads, &ids(0..4), 4_000, 7);
+        for (index, count) in counts.iter().enumerate() {
+            // Equal loads: a uniform pick, 1000 each on average.
+            assert!((800..1200).contains(count), "endpoint {index}: {count}");
+        }
+    }
+
+    #[test]
+    fn when_every_endpoint_was_tried_the_load_still_counts() {
+        // Distinct loads: the most loaded endpoint never wins a draw of two.
+        let loads = Loads(vec![3, 1, 2]);
+        let counts = counts(&loads, &ids([0, 1, 2]), 3_000, 3);
+        assert_eq!(counts[0], 0);
+        assert!(counts[1] > counts[2] && counts[2] > 0, "{counts:?}");
+    }
+
+    #[test]
+    fn the_less_loaded_of_two_untried_endpoints_wins() {
+        // Two untried endpoints are always the two drawn: the lighter one wins every time,
+        // although the tried endpoint is lighter still.
+        let loads = Loads(vec![0, 5, 2]);
+        let counts = counts(&loads, &ids([0]), 1_000, 5);
+        assert_eq!(counts, vec![0, 0, 1_000]);
+    }
+
+    #[test]
+    fn the_only_untried_endpoint_is_picked_whatever_its_load() {
+        let loads = Loads(vec![0, 0, 100]);
+        let counts = counts(&loads, &ids([1, 0]), 500, 9);
+        assert_eq!(counts, vec![0, 0, 500]);
+    }
+
+    #[test]
+    fn tried_ids_of_endpoints_no_longer_ready_are_ignored() {
+        // Keys 7 and 8 were tried but are not among the ready endpoints.
+        let loads = Loads(vec![0, 0]);
+        let counts_7_8 = counts(&loads, &ids([7, 8]), 2_000, 11);
+        assert!(counts_7_8.iter().all(|&c| c > 800), "{counts_7_8:?}");
+        let counts_7_0_8 = counts(&loads, &ids([7, 0, 8]), 2_000, 13);
+        assert_eq!(counts_7_0_8, vec![0, 2_000]);
+    }
+
+    #[test]
+    fn without_a_record_the_pick_is_power_of_two_choices() {
+        // Each draw is of two distinct endpoints: the heaviest never wins, the lightest wins
+        // every draw it is in (2 of the 3 pairs), the middle one the remaining third.
+        let loads = Loads(vec![1, 2, 3]);
+        let counts = counts(&loads, &[], 3_000, 17);
+        assert_eq!(counts[2], 0);
+        assert!((1_800..2_200).contains(&counts[0]), "{counts:?}");
+        assert!((800..1_200).contains(&counts[1]), "{counts:?}");
+    }
+}
