@@ -290,7 +290,8 @@ where
                     match service.poll_ready(cx) {
                         Poll::Pending => {
                             // The deadline still runs while the service is not ready.
-                            if arm(this.timer, this.engine.wake_at(), cx) {
+                            if arm(this.timer, this.engine.wake_after(now.get()), cx) {
+                                now.reset();
                                 continue;
                             }
                             return if changed { Step::Again } else { Step::Pending };
@@ -375,6 +376,7 @@ where
                     if !arm(this.timer, at, cx) {
                         return if changed { Step::Again } else { Step::Pending };
                     }
+                    now.reset();
                 }
             }
         }

@@ -109,6 +109,11 @@ impl<'a> Now<'a> {
     pub(crate) fn get(&mut self) -> Instant {
         *self.value.get_or_insert_with(self.read)
     }
+
+    /// Forgets the time read: a timer fired, so the clock has moved past it.
+    pub(crate) fn reset(&mut self) {
+        self.value = None;
+    }
 }
 
 /// How a call makes its attempts after the first.
@@ -329,6 +334,15 @@ impl Engine {
     pub(crate) fn wake_at(&self) -> Option<Instant> {
         let next = self.pending.iter().filter_map(|p| p.at).min();
         earliest([next, self.attempt_timeout.map(|(_, at)| at), self.deadline])
+    }
+
+    /// [`wake_at`](Self::wake_at) past `now`: while a due send waits for its service, only
+    /// what comes later can need the engine (the service wakes the call when it is ready).
+    pub(crate) fn wake_after(&self, now: Instant) -> Option<Instant> {
+        let later = |at: &Instant| *at > now;
+        let next = self.pending.iter().filter_map(|p| p.at).filter(later).min();
+        let timeout = self.attempt_timeout.map(|(_, at)| at).filter(later);
+        earliest([next, timeout, self.deadline.filter(later)])
     }
 
     pub(crate) fn deadline(&self) -> Option<Instant> {

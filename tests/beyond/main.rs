@@ -15,7 +15,7 @@ use tower_retry_hedge::classify::{Code, GrpcCodes, HttpStatuses, ResetFormat, Re
 use tower_retry_hedge::error::AttemptTimedOut;
 use tower_retry_hedge::metadata::Attempts;
 use tower_retry_hedge::policy::{RetryDecision, Route};
-use tower_retry_hedge::throttle::RetryBudget;
+use tower_retry_hedge::throttle::{RetryBudget, RetryThrottle};
 use tower_retry_hedge::{BoxError, Policies, RetryLayer, RetryPolicy};
 
 type Req = Request<Full<Bytes>>;
@@ -551,4 +551,88 @@ async fn each_attempt_is_classified_once() {
         2,
         "one classification per attempt"
     );
+}
+
+// The one-engine behaviours that reach across layers.
+
+#[tokio::test(start_paused = true)]
+async fn a_method_with_only_a_timeout_gets_that_deadline() {
+    let svc = Scripted::new(|_| (ms(1000), 200, vec![]));
+    let policies = tower_retry_hedge::ServiceConfig::from_json(
+        r#"{"methodConfig": [{"name": [{"service": "pkg.Svc"}], "timeout": "0.25s"}]}"#,
+    )
+    .unwrap()
+    .policies();
+    let started = Instant::now();
+    let request = Request::post("/pkg.Svc/Get")
+        .header("content-type", "application/grpc")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let error = RetryLayer::new(policies)
+        .layer(svc.clone())
+        .oneshot(request)
+        .await
+        .unwrap_err();
+    assert_eq!(started.elapsed(), ms(250), "{error}");
+    assert_eq!((svc.started(), svc.cancelled()), (1, 1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_hedge_layer_alone_credits_the_throttle_for_calls_without_a_policy() {
+    let throttle = tower_retry_hedge::throttle::Throttle::new(10, 0.5).unwrap();
+    for _ in 0..4 {
+        throttle.on_failure();
+    }
+    let before = throttle.tokens_milli();
+    let policies = Policies::builder().throttle(throttle.clone()).build();
+    let svc = Scripted::new(|_| (ms(1), 200, vec![]));
+    let response = tower_retry_hedge::HedgeLayer::new(policies)
+        .layer(svc.clone())
+        .oneshot(get())
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(throttle.tokens_milli(), before + 500);
+}
+
+#[tokio::test(start_paused = true)]
+async fn post_is_not_hedged_without_the_opt_in() {
+    let hedge = |opt_in: bool| {
+        tower_retry_hedge::HedgePolicy::builder()
+            .max_attempts(3)
+            .delay(ms(10))
+            .hedge_non_idempotent(opt_in)
+            .build()
+            .unwrap()
+    };
+    for (opt_in, expected) in [(false, 1), (true, 3)] {
+        let svc = Scripted::new(|_| (ms(100), 200, vec![]));
+        let policies = Policies::builder()
+            .route(Route::prefix("/"), hedge(opt_in))
+            .build();
+        tower_retry_hedge::HedgeLayer::new(policies)
+            .layer(svc.clone())
+            .oneshot(post())
+            .await
+            .unwrap();
+        assert_eq!(svc.started(), expected, "opt-in {opt_in}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn route_statistics_are_kept_under_the_route_not_each_path() {
+    let svc = Scripted::new(|n| (ms(1), if n % 2 == 0 { 503 } else { 200 }, vec![]));
+    let policies = Policies::builder()
+        .route(Route::prefix("/api"), http_policy().build().unwrap())
+        .build();
+    let layer = RetryLayer::new(policies.clone());
+    for i in 0..50 {
+        let request = Request::get(format!("/api/items/{i}"))
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        layer.layer(svc.clone()).oneshot(request).await.unwrap();
+    }
+    let snapshot = policies.stats().snapshot();
+    assert_eq!(snapshot.methods.len(), 1, "{snapshot:?}");
+    assert_eq!(snapshot.methods["/api"].retry_attempts, 50);
 }
