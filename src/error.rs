@@ -91,6 +91,23 @@ impl Attempted {
     }
 }
 
+/// The last attempt's error of a call: inside an [`Attempted`] when the call made several
+/// attempts, else the error itself. What a caller that downcasts the inner service's error
+/// should look at.
+///
+/// ```
+/// use tower_retry_hedge::error::last_error;
+///
+/// let error: tower_retry_hedge::BoxError = std::io::Error::other("reset").into();
+/// assert!(last_error(&error).is::<std::io::Error>());
+/// ```
+pub fn last_error(error: &crate::BoxError) -> &(dyn std::error::Error + Send + Sync + 'static) {
+    match error.downcast_ref::<Attempted>() {
+        Some(attempted) => attempted.get_ref(),
+        None => &**error,
+    }
+}
+
 impl fmt::Display for Attempted {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(

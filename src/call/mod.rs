@@ -33,24 +33,30 @@ fn is_grpc_content_type(value: Option<&HeaderValue>) -> bool {
 }
 
 /// The call's deadline: the earliest of the request's `grpc-timeout` (gRPC calls), the
-/// method's `timeout` and a [`Deadline`] extension; `None` when none is set. The clock is read
-/// only when a timeout is set.
-pub(crate) fn deadline_of<B>(request: &Request<B>, timeout: Option<Duration>) -> Option<Instant> {
+/// method's `timeout` and a [`Deadline`] extension; `None` when none is set. Also tells
+/// whether the request's own `grpc-timeout` is that deadline. The clock is read only when a
+/// timeout is set.
+pub(crate) fn deadline_of<B>(
+    request: &Request<B>,
+    timeout: Option<Duration>,
+) -> (Option<Instant>, bool) {
     let header = if is_grpc(request) {
         grpc_timeout::from_headers(request.headers())
     } else {
         None
     };
-    let timeout = match (header, timeout) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
+    let (timeout, from_header) = match (header, timeout) {
+        (Some(a), Some(b)) => (Some(a.min(b)), a <= b),
+        (Some(a), None) => (Some(a), true),
+        (None, b) => (b, false),
     };
     // A timeout too large to add to now is no deadline at all.
     let from_timeout = timeout.and_then(|t| Instant::now().checked_add(t));
     let extension = request.extensions().get::<Deadline>().map(|d| d.at());
     match (from_timeout, extension) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
+        (Some(a), Some(b)) if b < a => (Some(b), false),
+        (Some(a), _) => (Some(a), from_header),
+        (None, b) => (b, false),
     }
 }
 
@@ -85,7 +91,20 @@ where
     } = plan;
     let policies = &shared.policies;
     let grpc = is_grpc(&request);
-    let deadline = deadline_of(&request, timeout);
+    let (deadline, from_header) = deadline_of(&request, timeout);
+    let mut request = request;
+    if grpc
+        && !from_header
+        && let Some(deadline) = deadline
+    {
+        // The first attempt tells the server the call's deadline too. A request whose own
+        // `grpc-timeout` is the deadline keeps it: re-encoding it would only allocate.
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        request.headers_mut().insert(
+            grpc_timeout::GRPC_TIMEOUT_NAME,
+            grpc_timeout::encode(remaining),
+        );
+    }
     let track_backends = policies.track_backends()
         || matches!(&mode, Mode::Hedge(policy, _) if policy.track_backends);
     let (max_attempts, may_repeat) = match &mode {
@@ -337,21 +356,24 @@ mod tests {
         let grpc = [("content-type", "application/grpc"), ("grpc-timeout", "2S")];
         let now = Instant::now();
         let secs = Duration::from_secs;
-        assert_eq!(deadline_of(&parts(&grpc), None), Some(now + secs(2)));
+        assert_eq!(
+            deadline_of(&parts(&grpc), None),
+            (Some(now + secs(2)), true)
+        );
         assert_eq!(
             deadline_of(&parts(&grpc), Some(secs(1))),
-            Some(now + secs(1))
+            (Some(now + secs(1)), false)
         );
         assert_eq!(
             deadline_of(&parts(&grpc), Some(secs(3))),
-            Some(now + secs(2))
+            (Some(now + secs(2)), true)
         );
         // Not gRPC: its `grpc-timeout` is not the call's.
         let http = [("content-type", "application/json"), ("grpc-timeout", "1S")];
-        assert_eq!(deadline_of(&parts(&http), None), None);
+        assert_eq!(deadline_of(&parts(&http), None), (None, false));
         assert_eq!(
             deadline_of(&parts(&http), Some(secs(5))),
-            Some(now + secs(5))
+            (Some(now + secs(5)), false)
         );
         let mut with_extension = parts(&grpc);
         with_extension
@@ -359,8 +381,8 @@ mod tests {
             .insert(Deadline::at_instant(now + Duration::from_millis(500)));
         assert_eq!(
             deadline_of(&with_extension, Some(secs(1))),
-            Some(now + Duration::from_millis(500))
+            (Some(now + Duration::from_millis(500)), false)
         );
-        assert_eq!(deadline_of(&parts(&[]), None), None);
+        assert_eq!(deadline_of(&parts(&[]), None), (None, false));
     }
 }

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use tower::{Layer, ServiceExt};
 use tower_retry_hedge::backoff::{Exponential, Jitter};
 use tower_retry_hedge::classify::{Code, GrpcCodes, HttpStatuses, ResetFormat, ResetHeader};
-use tower_retry_hedge::error::AttemptTimedOut;
+use tower_retry_hedge::error::{AttemptTimedOut, last_error};
 use tower_retry_hedge::metadata::Attempts;
 use tower_retry_hedge::policy::{RetryDecision, Route};
 use tower_retry_hedge::throttle::{RetryBudget, RetryThrottle};
@@ -455,14 +455,6 @@ async fn a_fatal_answer_of_the_slow_attempt_ends_a_hedge_on_timeout_call() {
     assert_eq!(started.elapsed(), ms(150));
     assert_eq!(svc.started(), 2);
     assert_eq!(svc.cancelled(), 1, "the hanging hedge is cancelled");
-}
-
-/// The last attempt's error: inside an `Attempted` when the call made several.
-fn last_error(error: &BoxError) -> &(dyn std::error::Error + Send + Sync + 'static) {
-    match error.downcast_ref::<tower_retry_hedge::error::Attempted>() {
-        Some(attempted) => attempted.get_ref(),
-        None => &**error,
-    }
 }
 
 fn is_deadline_exceeded(error: &BoxError) -> bool {

@@ -353,9 +353,9 @@ mod connection_refused {
         let error = guard(svc.oneshot(request))
             .await
             .expect_err("nothing listens");
-        let connect = error
+        let connect = tower_retry_hedge::error::last_error(&error)
             .downcast_ref::<hyper_util::client::legacy::Error>()
-            .expect("the client's own error, unchanged");
+            .expect("the client's own error, unchanged inside");
         assert!(connect.is_connect(), "{connect:?}");
         assert_eq!(transport_outcome(&*error), Some(Outcome::NotSent));
         // The first attempt and three transparent retries; maxAttempts (2) does not bound them.

@@ -10,6 +10,7 @@ use http_body_util::Full;
 use tokio::time::Instant;
 use tower::{Layer, Service, ServiceExt};
 use tower_retry_hedge::classify::{Code, HttpStatuses};
+use tower_retry_hedge::error::last_error;
 use tower_retry_hedge::metadata::{AttemptInfo, Attempts};
 use tower_retry_hedge::policy::Route;
 use tower_retry_hedge::throttle::Throttle;
@@ -86,10 +87,8 @@ impl tower::Service<Req> for Hanging {
 }
 
 fn is_deadline_exceeded(error: &BoxError) -> bool {
-    if error
-        .downcast_ref::<tower_retry_hedge::error::DeadlineExceeded>()
-        .is_some()
-    {
+    let error = last_error(error);
+    if error.is::<tower_retry_hedge::error::DeadlineExceeded>() {
         return true;
     }
     #[cfg(feature = "tonic")]
@@ -485,7 +484,8 @@ async fn never_sent_attempts_are_retried_transparently() {
     }
     answer(&mut handle, trailers_only(Code::Unavailable, None)).await;
     let (last, _) = answer(&mut handle, trailers_only(Code::Unavailable, None)).await;
-    assert_eq!(previous_attempts(&last), Some("3"));
+    // One counted attempt before it: the never-sent resends are not counted (A6).
+    assert_eq!(previous_attempts(&last), Some("1"));
     let response = call.await.unwrap().unwrap();
     assert_eq!(attempts(&response), Attempts::new(4, 2));
     assert_no_more_attempts(&mut handle).await;
@@ -505,9 +505,10 @@ async fn never_sent_retries_are_bounded_without_a_deadline() {
         send.send_error(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
     }
     let error = call.await.unwrap().unwrap_err();
-    let io = error
+    assert_eq!(Attempts::of_error(&*error), Attempts::new(4, 3));
+    let io = last_error(&error)
         .downcast_ref::<std::io::Error>()
-        .expect("the inner error, unchanged");
+        .expect("the inner error, unchanged inside");
     assert_eq!(io.kind(), std::io::ErrorKind::ConnectionRefused);
     assert_no_more_attempts(&mut handle).await;
 }
@@ -544,7 +545,7 @@ async fn refused_stream_is_retried_once_at_once_then_by_policy() {
     assert_eq!(Instant::now() - t0, Duration::from_millis(100));
     send.send_error(refused());
     let error = call.await.unwrap().unwrap_err();
-    assert!(error.downcast_ref::<h2::Error>().is_some());
+    assert!(last_error(&error).downcast_ref::<h2::Error>().is_some());
     assert_no_more_attempts(&mut handle).await;
 }
 
@@ -556,8 +557,14 @@ async fn inner_errors_pass_through_unchanged() {
         send.send_error(std::io::Error::other("reset by peer"));
     }
     let error = call.await.unwrap().unwrap_err();
-    assert_eq!(error.to_string(), "reset by peer");
-    assert!(error.downcast_ref::<std::io::Error>().is_some());
+    // The inner error is kept as it is, inside the `Attempted` that counts the attempts.
+    assert_eq!(last_error(&error).to_string(), "reset by peer");
+    assert!(
+        last_error(&error)
+            .downcast_ref::<std::io::Error>()
+            .is_some()
+    );
+    assert_eq!(Attempts::of_error(&*error).sent(), 2);
 }
 
 fn http_policies(retry_post: bool) -> Policies {
