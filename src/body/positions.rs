@@ -60,7 +60,6 @@ impl Positions {
     }
 
     /// The next chunk the reader in `slot` sends.
-    #[inline]
     pub(super) fn next_chunk(&self, slot: usize) -> usize {
         let entry = match slot.checked_sub(INLINE) {
             None => self.inline.get(slot),
@@ -72,7 +71,6 @@ impl Positions {
     }
 
     /// Moves the reader in `slot` to `next_chunk`.
-    #[inline]
     pub(super) fn set_next_chunk(&mut self, slot: usize, next_chunk: usize) {
         if let Some(Some(position)) = self.slot_mut(slot) {
             position.next_chunk = next_chunk;
@@ -89,7 +87,6 @@ impl Positions {
             .map(|position| position.next_chunk)
     }
 
-    #[inline]
     fn slot_mut(&mut self, slot: usize) -> Option<&mut Option<Position>> {
         match slot.checked_sub(INLINE) {
             None => self.inline.get_mut(slot),
