@@ -77,7 +77,7 @@ impl Engine {
     /// The call ends with this attempt's result; every other attempt is cancelled.
     fn finish(&mut self) -> Verdict {
         self.ended = true;
-        self.pending.clear();
+        self.unschedule();
         self.in_flight = 0;
         Verdict::Return
     }
@@ -150,7 +150,7 @@ impl Engine {
     /// Schedules a transparent resend of `attempt`.
     fn resend(&mut self, attempt: AttemptId, now: Instant, delay: Duration, reason: &str) {
         tracing::debug!(attempt = attempt.send, ?delay, reason, "transparent retry");
-        self.pending.push(Pending {
+        self.resends.push(Pending {
             at: Some(after(now, delay)),
             send: Send {
                 number: attempt.number,
@@ -255,7 +255,7 @@ impl Engine {
             pushback = pushback.is_some(),
             "retrying"
         );
-        self.pending.push(Pending {
+        self.next = Some(Pending {
             at: Some(after(now, delay)),
             send: Send {
                 number: self.counted + 1,
@@ -297,17 +297,17 @@ impl Engine {
         if pushback == Some(Pushback::Stop) {
             tracing::debug!("pushback: no more hedges");
             self.stopped = true;
-            self.pending.retain(|p| p.send.transparent);
+            self.next = None;
             return;
         }
         let at = match pushback {
             Some(Pushback::After(delay)) => after(now, delay),
             _ => now,
         };
-        if let Some(next) = self.pending.iter_mut().find(|p| !p.send.transparent) {
+        if let Some(next) = &mut self.next {
             next.at = Some(at);
         } else if self.may_count_another() {
-            self.pending.push(Pending {
+            self.next = Some(Pending {
                 at: Some(at),
                 send: Send {
                     number: self.counted + 1,

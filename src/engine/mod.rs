@@ -244,8 +244,11 @@ pub(crate) struct Engine {
     /// Backoffs since the start or the last pushback: the exponent of the next one.
     backoff_step: u32,
     previous_delay: Option<Duration>,
-    /// The sends decided on and not made yet.
-    pending: Vec<Pending>,
+    /// The next counted attempt decided on and not sent yet (one at a time in every mode).
+    next: Option<Pending>,
+    /// Transparent resends decided on and not sent yet; empty unless attempts failed, so
+    /// the success path allocates nothing here.
+    resends: Vec<Pending>,
     /// The latest counted attempt's per-attempt timeout.
     attempt_timeout: Option<(AttemptId, Instant)>,
     /// Attempts up to this send have timed out and been counted as failures (hedging on the
@@ -276,7 +279,8 @@ impl Engine {
             refused_retried: false,
             backoff_step: 0,
             previous_delay: None,
-            pending: Vec::new(),
+            next: None,
+            resends: Vec::new(),
             attempt_timeout: None,
             timed_out_through: 0,
             stopped: false,
@@ -288,7 +292,7 @@ impl Engine {
         };
         if engine.rules.hedging_delay().is_some() && engine.may_count_another() {
             // The first hedge's time is set when the call starts to wait.
-            engine.pending.push(Pending {
+            engine.next = Some(Pending {
                 at: None,
                 send: Send {
                     number: 2,
@@ -332,7 +336,7 @@ impl Engine {
     /// When the engine next needs to be polled if no attempt answers: the deadline, the
     /// attempt's timeout, or a send that is not due yet.
     pub(crate) fn wake_at(&self) -> Option<Instant> {
-        let next = self.pending.iter().filter_map(|p| p.at).min();
+        let next = self.scheduled().filter_map(|p| p.at).min();
         earliest([next, self.attempt_timeout.map(|(_, at)| at), self.deadline])
     }
 
@@ -340,7 +344,7 @@ impl Engine {
     /// what comes later can need the engine (the service wakes the call when it is ready).
     pub(crate) fn wake_after(&self, now: Instant) -> Option<Instant> {
         let later = |at: &Instant| *at > now;
-        let next = self.pending.iter().filter_map(|p| p.at).filter(later).min();
+        let next = self.scheduled().filter_map(|p| p.at).filter(later).min();
         let timeout = self.attempt_timeout.map(|(_, at)| at).filter(later);
         earliest([next, timeout, self.deadline.filter(later)])
     }
@@ -359,8 +363,8 @@ impl Engine {
             self.attempt_timeout = Some((AttemptId::FIRST, after(now, timeout)));
         }
         if let Some(delay) = self.rules.hedging_delay() {
-            for pending in &mut self.pending {
-                pending.at.get_or_insert_with(|| after(now, delay));
+            if let Some(next) = &mut self.next {
+                next.at.get_or_insert_with(|| after(now, delay));
             }
         }
     }
@@ -371,17 +375,26 @@ impl Engine {
         !self.stopped
             && self.committed.is_none()
             && self.rules.may_repeat
-            && self.counted + self.pending_counted() < self.rules.max_attempts
+            && self.counted + u32::from(self.next.is_some()) < self.rules.max_attempts
     }
 
-    fn pending_counted(&self) -> u32 {
-        self.pending.iter().filter(|p| !p.send.transparent).count() as u32
+    /// Every send decided on and not made yet.
+    fn scheduled(&self) -> impl Iterator<Item = &Pending> {
+        self.next.iter().chain(&self.resends)
+    }
+
+    /// Drops every send decided on: no new attempt may start.
+    fn unschedule(&mut self) {
+        self.next = None;
+        self.resends.clear();
     }
 
     /// An attempt was sent for `send`, which [`poll`](Self::poll) gave.
     pub(crate) fn on_sent(&mut self, send: Send, now: &mut Now<'_>) -> AttemptId {
-        if let Some(i) = self.pending.iter().position(|p| p.send == send) {
-            self.pending.swap_remove(i);
+        if self.next.is_some_and(|p| p.send == send) {
+            self.next = None;
+        } else if let Some(i) = self.resends.iter().position(|p| p.send == send) {
+            self.resends.swap_remove(i);
         }
         self.sent += 1;
         self.in_flight += 1;
@@ -399,7 +412,7 @@ impl Engine {
             if let Some(delay) = self.rules.hedging_delay()
                 && self.may_count_another()
             {
-                self.pending.push(Pending {
+                self.next = Some(Pending {
                     at: Some(after(now.get(), delay)),
                     send: Send {
                         number: self.counted + 1,
@@ -424,7 +437,7 @@ impl Engine {
             "committed: body outgrew the buffer"
         );
         self.committed = Some(attempt);
-        self.pending.clear();
+        self.unschedule();
         self.attempt_timeout = None;
         self.cancel = Some(match attempt {
             Some(attempt) => Cancel::AllBut(attempt),
@@ -436,7 +449,7 @@ impl Engine {
     /// Returns whether the call has nothing left in flight (so the error is its result).
     pub(crate) fn on_service_error(&mut self) -> bool {
         self.stopped = true;
-        self.pending.clear();
+        self.unschedule();
         let over = self.in_flight == 0;
         self.ended |= over;
         over
@@ -476,7 +489,7 @@ impl Engine {
         if let Some(send) = self.due(now) {
             return Action::Send(send);
         }
-        if self.in_flight == 0 && self.pending.is_empty() {
+        if self.in_flight == 0 && self.scheduled().next().is_none() {
             self.ended = true;
             return Action::ReturnLast;
         }
@@ -485,18 +498,18 @@ impl Engine {
 
     /// The send that is due at `now`, if any; asks the throttle for a counted one.
     fn due(&mut self, now: Instant) -> Option<Send> {
-        loop {
-            let i = self
-                .pending
-                .iter()
-                .enumerate()
-                .filter(|(_, p)| p.at.is_some_and(|at| at <= now))
-                .min_by_key(|(_, p)| p.at)
-                .map(|(i, _)| i)?;
-            let pending = &mut self.pending[i];
-            if pending.send.transparent || pending.granted {
-                return Some(pending.send);
-            }
+        let is_due = |p: &Pending| p.at.is_some_and(|at| at <= now);
+        if let Some(resend) = self
+            .resends
+            .iter()
+            .filter(|p| is_due(p))
+            .min_by_key(|p| p.at)
+        {
+            return Some(resend.send);
+        }
+        let next = self.next.as_mut().filter(|p| is_due(p))?;
+        if !next.granted {
+            // Asked once per attempt: a budget withdraws when it says yes.
             if self
                 .rules
                 .throttle
@@ -505,12 +518,12 @@ impl Engine {
             {
                 tracing::debug!(attempt = self.sent + 1, "throttled: no more hedges");
                 self.stopped = true;
-                self.pending.retain(|p| p.send.transparent);
-                continue;
+                self.next = None;
+                return None;
             }
-            pending.granted = true;
-            return Some(pending.send);
+            next.granted = true;
         }
+        Some(next.send)
     }
 
     /// The latest counted attempt outlived its per-attempt timeout.
