@@ -362,10 +362,10 @@ impl Engine {
         if let Some((timeout, _)) = self.rules.per_attempt_timeout() {
             self.attempt_timeout = Some((AttemptId::FIRST, after(now, timeout)));
         }
-        if let Some(delay) = self.rules.hedging_delay() {
-            if let Some(next) = &mut self.next {
-                next.at.get_or_insert_with(|| after(now, delay));
-            }
+        if let Some(delay) = self.rules.hedging_delay()
+            && let Some(next) = &mut self.next
+        {
+            next.at.get_or_insert_with(|| after(now, delay));
         }
     }
 
