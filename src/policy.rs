@@ -60,7 +60,7 @@ use crate::body::BufferLimits;
 use crate::classify::{AttemptResult, Classify, Code, GrpcCodes, Outcome};
 use crate::latency::AdaptiveDelay;
 use crate::stats::Stats;
-use crate::throttle::{RetryThrottle, ThrottleRegistry};
+use crate::throttle::{AuthorityThrottle, AuthorityThrottles, RetryThrottle, ThrottleRegistry};
 
 /// The client-side cap on `maxAttempts` that gRPC applies by default.
 pub const DEFAULT_MAX_ATTEMPTS_CAP: u32 = 5;
@@ -587,12 +587,12 @@ impl Route {
     }
 }
 
-/// The throttle a call counts against: the table's shared one, or its authority's bucket.
+/// The throttle a call counts against: the table's shared one, or its authority's.
 /// Neither allocates per call.
 #[derive(Clone)]
 pub(crate) enum ThrottleHandle {
     Shared(Arc<dyn RetryThrottle>),
-    Authority(crate::throttle::Throttle),
+    Authority(Arc<dyn RetryThrottle>),
 }
 
 impl std::ops::Deref for ThrottleHandle {
@@ -601,7 +601,7 @@ impl std::ops::Deref for ThrottleHandle {
     fn deref(&self) -> &(dyn RetryThrottle + 'static) {
         match self {
             ThrottleHandle::Shared(throttle) => &**throttle,
-            ThrottleHandle::Authority(throttle) => throttle,
+            ThrottleHandle::Authority(throttle) => &**throttle,
         }
     }
 }
@@ -610,7 +610,7 @@ impl std::ops::Deref for ThrottleHandle {
 pub(crate) enum ThrottleChoice {
     None,
     Shared(Arc<dyn RetryThrottle>),
-    PerAuthority(ThrottleRegistry),
+    PerAuthority(Arc<dyn AuthorityThrottles>),
 }
 
 /// Names to policies. foldhash, seeded per process, hashes a short name in a few ns where
@@ -855,7 +855,7 @@ impl Policies {
                             .and_then(|h| h.to_str().ok())
                     })
                     .unwrap_or("");
-                Some(ThrottleHandle::Authority(registry.get(authority)))
+                Some(ThrottleHandle::Authority(registry.throttle(authority)))
             }
         }
     }
@@ -958,9 +958,13 @@ impl PoliciesBuilder {
     }
 
     /// One throttle per authority (host:port) of the request URI, for clients that talk to
-    /// many hosts.
-    pub fn throttle_per_authority(mut self, registry: ThrottleRegistry) -> Self {
-        self.throttle = ThrottleChoice::PerAuthority(registry);
+    /// many hosts: A6 buckets, or copies of any [`AuthorityThrottle`] such as an
+    /// [`AdaptiveThrottle`](crate::throttle::AdaptiveThrottle).
+    pub fn throttle_per_authority<T: AuthorityThrottle>(
+        mut self,
+        registry: ThrottleRegistry<T>,
+    ) -> Self {
+        self.throttle = ThrottleChoice::PerAuthority(registry.erased());
         self
     }
 
