@@ -83,6 +83,7 @@
 //! | `tonic` | yes | `tonic::body::Body` can be replayed; a gRPC call past its deadline (or whose last attempt hit its per-attempt timeout) fails with `tonic::Status::deadline_exceeded` |
 //! | `h2` | no | HTTP/2 `REFUSED_STREAM` and `GOAWAY` errors are recognised for transparent retries |
 //! | `hyper-util` | no | hyper-util's client "connect" errors are recognised as never sent |
+//! | `retry-info` | no | `GrpcCodes::with_retry_info`: `google.rpc.RetryInfo` in `grpc-status-details-bin` (Google APIs) read as pushback, through tonic-types |
 //!
 //! # Jitter: which gRPC?
 //!

@@ -1,4 +1,5 @@
-//! Retry throttling: the gRFC A6 token bucket, shared per server.
+//! Retry throttling: the gRFC A6 token bucket, a retry budget and adaptive throttling,
+//! shared per server.
 //!
 //! # The rule
 //!
@@ -72,6 +73,14 @@
 //! assert_eq!(registry.len(), 2);
 //! # Ok::<(), tower_retry_hedge::throttle::ThrottleError>(())
 //! ```
+//!
+//! # Other throttles
+//!
+//! A [`RetryBudget`] (retries bounded by a share of recent calls) and an
+//! [`AdaptiveThrottle`] (the SRE book's client-side throttling) stand behind the same seam,
+//! [`RetryThrottle`], and a [`ThrottleRegistry`] keeps one of either per authority too. The
+//! [guide](crate::guide) compares them, and recommends the bucket `Throttle::new(20, 1.0)`,
+//! which keeps retrying through a partial outage and stops in a total one.
 
 mod adaptive;
 mod budget;
