@@ -10,7 +10,9 @@
 //! - `tower::retry` with `TpsBudget::default()` (10 s window, 10 retries/s, 20 % of
 //!   successes), following tower's budget example;
 //! - tower-resilience's retry, as it comes (no budget), and with its AIMD budget;
-//! - this crate's `RetryLayer` with the gRFC A6 throttle `(maxTokens 10, tokenRatio 0.1)`.
+//! - this crate's `RetryLayer` with the gRFC A6 throttle `(maxTokens 10, tokenRatio 0.1)`,
+//!   with a `RetryBudget` (10 s, 10/s, 20 %), with an `AdaptiveThrottle` at its defaults
+//!   (k 2, 10 s window), and with the guide's default, the A6 throttle `(20, 1.0)`.
 //!
 //! It prints the attempts per logical call at both rates. The goal is at most 1.01 for this
 //! crate with the A6 throttle.

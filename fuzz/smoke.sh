@@ -12,7 +12,7 @@ set -euo pipefail
 CARGO_FUZZ_VERSION=0.13.2
 seconds=${FUZZ_SECONDS:-10}
 sanitizer=${FUZZ_SANITIZER:-none}
-read -r -a targets <<<"${FUZZ_TARGETS:-service_config pushback retry_after grpc_timeout replay_body}"
+read -r -a targets <<<"${FUZZ_TARGETS:-service_config pushback retry_after grpc_timeout replay_body retry_info}"
 
 cd "$(dirname "$0")"
 

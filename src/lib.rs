@@ -87,6 +87,7 @@
 //! | `hyper-util` | no | hyper-util's client "connect" errors are recognised as never sent |
 //! | `balance` | no | [`balance::Balance`]: a balancer over a `tower::discover::Discover` that sends each attempt of a call to a backend the call has not tried |
 //! | `tonic-transport` | no | [`balance::BalancedChannel`]: that balancer over tonic `Endpoint`s, in place of `Channel::balance_list` (pulls tonic's client transport) |
+//! | `retry-info` | no | `GrpcCodes::with_retry_info`: `google.rpc.RetryInfo` in `grpc-status-details-bin` (Google APIs) read as pushback, through tonic-types |
 //!
 //! # Jitter: which gRPC?
 //!

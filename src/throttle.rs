@@ -1,4 +1,5 @@
-//! Retry throttling: the gRFC A6 token bucket, shared per server.
+//! Retry throttling: the gRFC A6 token bucket, a retry budget and adaptive throttling,
+//! shared per server.
 //!
 //! # The rule
 //!
@@ -72,9 +73,19 @@
 //! assert_eq!(registry.len(), 2);
 //! # Ok::<(), tower_retry_hedge::throttle::ThrottleError>(())
 //! ```
+//!
+//! # Other throttles
+//!
+//! A [`RetryBudget`] (retries bounded by a share of recent calls) and an
+//! [`AdaptiveThrottle`] (the SRE book's client-side throttling) stand behind the same seam,
+//! [`RetryThrottle`], and a [`ThrottleRegistry`] keeps one of either per authority too. The
+//! [guide](crate::guide) compares them, and recommends the bucket `Throttle::new(20, 1.0)`,
+//! which keeps retrying through a partial outage and stops in a total one.
 
+mod adaptive;
 mod budget;
 
+pub use adaptive::{AdaptiveThrottle, AdaptiveThrottleError};
 pub use budget::{BudgetError, RetryBudget};
 
 use std::borrow::Cow;
@@ -86,11 +97,11 @@ use std::sync::{Arc, PoisonError, RwLock};
 /// The seam through which the retry and hedge layers ask whether another attempt may be
 /// sent.
 ///
-/// Implemented by the gRFC A6 token bucket, [`Throttle`]; a retry budget can implement it
-/// too. The layers call [`on_call`](RetryThrottle::on_call) once per logical call,
-/// [`on_success`](RetryThrottle::on_success) or [`on_failure`](RetryThrottle::on_failure)
-/// as outcomes arrive, and [`allows_retry`](RetryThrottle::allows_retry) before every
-/// attempt but the first.
+/// Implemented by the gRFC A6 token bucket, [`Throttle`], by a [`RetryBudget`] and by an
+/// [`AdaptiveThrottle`]. The layers call [`on_call`](RetryThrottle::on_call) once per logical
+/// call, [`on_success`](RetryThrottle::on_success), [`on_failure`](RetryThrottle::on_failure)
+/// or [`on_fatal`](RetryThrottle::on_fatal) as answers arrive, and
+/// [`allows_retry`](RetryThrottle::allows_retry) before every attempt but the first.
 ///
 /// The trait is object safe, so policies may hold an `Arc<dyn RetryThrottle>`:
 ///
@@ -116,9 +127,9 @@ pub trait RetryThrottle: fmt::Debug + Send + Sync {
     /// An attempt failed in a way that counts (A6: tokens -= 1, floored at 0).
     fn on_failure(&self);
 
-    /// An attempt ended with a failure that does not count against the throttle (a fatal
-    /// code): the server answered. The A6 bucket ignores it; an adaptive throttle counts it
-    /// as an accepted request.
+    /// An attempt ended with a failure that does not count against the throttle: the server
+    /// answered (a fatal status), so it took the request. An adaptive throttle counts it as
+    /// an accept; the A6 bucket ignores it.
     ///
     /// The default does nothing.
     fn on_fatal(&self) {}
@@ -149,6 +160,16 @@ impl<T: RetryThrottle + ?Sized> RetryThrottle for Arc<T> {
     fn allows_retry(&self) -> bool {
         (**self).allows_retry()
     }
+}
+
+/// A throttle that a [`ThrottleRegistry`] can give each authority a copy of: a new throttle
+/// with the same settings and none of the state.
+///
+/// Implemented by [`Throttle`], [`AdaptiveThrottle`] and [`RetryBudget`].
+pub trait AuthorityThrottle: RetryThrottle + Clone + 'static {
+    /// A new throttle with the same settings, sharing nothing with `self` (a full bucket, an
+    /// empty window).
+    fn fresh(&self) -> Self;
 }
 
 /// The largest `maxTokens` gRFC A6 allows.
@@ -420,25 +441,29 @@ pub const DEFAULT_MAX_AUTHORITIES: usize = 4096;
 /// port, nor any IP literal, is this long, and it bounds what one entry can cost.
 pub const MAX_AUTHORITY_LEN: usize = 512;
 
-/// One shared [`Throttle`] per authority (`host:port`), for clients that talk to many hosts.
+/// One shared throttle per authority (`host:port`), for clients that talk to many hosts.
 ///
 /// gRFC A6 throttles per server name. Authorities are compared ASCII case-insensitively
 /// (`API.example.com:443` is `api.example.com:443`); nothing else is normalised, so
 /// `example.com` and `example.com:443` are different keys: pass authorities in one form.
 ///
+/// The throttles are A6 buckets ([`ThrottleRegistry::new`]) or copies of any
+/// [`AuthorityThrottle`], such as an [`AdaptiveThrottle`]
+/// ([`ThrottleRegistry::from_template`]).
+///
 /// # Bounded growth
 ///
 /// Authorities may come from untrusted input (redirects, user-supplied URLs), so the number
-/// of buckets is capped ([`DEFAULT_MAX_AUTHORITIES`], or
+/// of throttles is capped ([`DEFAULT_MAX_AUTHORITIES`], or
 /// [`with_max_authorities`](ThrottleRegistry::with_max_authorities)). Once the cap is
 /// reached, every new authority, and every authority longer than [`MAX_AUTHORITY_LEN`],
-/// shares one overflow bucket. Existing buckets are never evicted: evicting one would hand
-/// its host a full bucket again, so a flood of names could reset the throttle of a failing
-/// server. Sharing errs the other way: failures of one overflow host can only hold back
-/// retries to the others, never allow more.
+/// shares one overflow throttle. Existing throttles are never evicted: evicting one would
+/// hand its host a full bucket again, so a flood of names could reset the throttle of a
+/// failing server. Sharing errs the other way: failures of one overflow host can only hold
+/// back retries to the others, never allow more.
 ///
 /// The map sits behind a lock, taken for reading on every [`get`](ThrottleRegistry::get):
-/// look a throttle up once per call or per connection, not per attempt. The throttles
+/// look a throttle up once per call or per connection, not per attempt. The A6 buckets
 /// themselves are lock-free.
 ///
 /// ```
@@ -454,53 +479,89 @@ pub const MAX_AUTHORITY_LEN: usize = 512;
 /// assert_eq!(registry.len(), 2);
 /// # Ok::<(), tower_retry_hedge::throttle::ThrottleError>(())
 /// ```
-#[derive(Clone)]
-pub struct ThrottleRegistry {
-    shared: Arc<Registry>,
+///
+/// An adaptive throttle per authority:
+///
+/// ```
+/// use tower_retry_hedge::throttle::{AdaptiveThrottle, RetryThrottle, ThrottleRegistry};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// let registry = ThrottleRegistry::from_template(AdaptiveThrottle::default());
+/// registry.get("api.example.com:443").on_failure();
+/// assert_eq!(registry.get("API.example.com:443").requests(), 1);
+/// assert_eq!(registry.get("auth.example.com:443").requests(), 0);
+/// # }
+/// ```
+pub struct ThrottleRegistry<T = Throttle> {
+    shared: Arc<Registry<T>>,
 }
 
-struct Registry {
+impl<T> Clone for ThrottleRegistry<T> {
+    fn clone(&self) -> Self {
+        ThrottleRegistry {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+/// Each throttle sits in an `Arc` of its own, so that the layers can hold it as an
+/// `Arc<dyn RetryThrottle>` without an allocation per call.
+struct Registry<T> {
     max_authorities: usize,
-    buckets: RwLock<HashMap<String, Throttle>>,
-    overflow: Throttle,
+    throttles: RwLock<HashMap<String, Arc<T>>>,
+    overflow: Arc<T>,
 }
 
-impl ThrottleRegistry {
+impl ThrottleRegistry<Throttle> {
     /// A registry whose buckets each hold `max_tokens` and earn `token_ratio` per success,
     /// validated as in [`Throttle::new`].
     pub fn new(max_tokens: u32, token_ratio: f64) -> Result<Self, ThrottleError> {
-        let overflow = Throttle::new(max_tokens, token_ratio)?;
-        Ok(ThrottleRegistry {
-            shared: Arc::new(Registry {
-                max_authorities: DEFAULT_MAX_AUTHORITIES,
-                buckets: RwLock::new(HashMap::new()),
-                overflow,
-            }),
-        })
+        Ok(ThrottleRegistry::from_template(Throttle::new(
+            max_tokens,
+            token_ratio,
+        )?))
+    }
+}
+
+impl<T: AuthorityThrottle> ThrottleRegistry<T> {
+    /// A registry that gives each authority a [`fresh`](AuthorityThrottle::fresh) copy of
+    /// `template` (whose own state is not used).
+    pub fn from_template(template: T) -> Self {
+        ThrottleRegistry::with_overflow(DEFAULT_MAX_AUTHORITIES, template.fresh())
     }
 
-    /// Sets how many authorities get a bucket of their own (default
-    /// [`DEFAULT_MAX_AUTHORITIES`]); `0` sends every authority to the overflow bucket.
+    fn with_overflow(max_authorities: usize, overflow: T) -> Self {
+        ThrottleRegistry {
+            shared: Arc::new(Registry {
+                max_authorities,
+                throttles: RwLock::new(HashMap::new()),
+                overflow: Arc::new(overflow),
+            }),
+        }
+    }
+
+    /// Sets how many authorities get a throttle of their own (default
+    /// [`DEFAULT_MAX_AUTHORITIES`]); `0` sends every authority to the overflow throttle.
     ///
     /// Meant for building: the registry returned is a new, empty one, not shared with
     /// clones of `self`.
     #[must_use]
     pub fn with_max_authorities(self, max_authorities: usize) -> Self {
-        ThrottleRegistry {
-            shared: Arc::new(Registry {
-                max_authorities,
-                buckets: RwLock::new(HashMap::new()),
-                overflow: self.shared.overflow.fresh(),
-            }),
-        }
+        ThrottleRegistry::with_overflow(max_authorities, self.shared.overflow.fresh())
     }
 
-    /// The throttle for `authority`: the same shared bucket every time for the same
-    /// authority (ASCII case-insensitively), or the overflow bucket past the cap.
-    pub fn get(&self, authority: &str) -> Throttle {
-        let registry = &*self.shared;
+    /// The throttle for `authority`: the same shared one every time for the same
+    /// authority (ASCII case-insensitively), or the overflow throttle past the cap.
+    pub fn get(&self, authority: &str) -> T {
+        T::clone(&self.shared.get(authority))
+    }
+}
+
+impl<T: AuthorityThrottle> Registry<T> {
+    fn get(&self, authority: &str) -> Arc<T> {
         if authority.len() > MAX_AUTHORITY_LEN {
-            return registry.overflow.clone();
+            return Arc::clone(&self.overflow);
         }
         let key = if authority.bytes().any(|b| b.is_ascii_uppercase()) {
             Cow::Owned(authority.to_ascii_lowercase())
@@ -510,52 +571,74 @@ impl ThrottleRegistry {
 
         // A panic elsewhere while a lock was held cannot leave the map inconsistent (every
         // update is one insert), so a poisoned lock is used as it is.
-        let buckets = registry
-            .buckets
+        let throttles = self
+            .throttles
             .read()
             .unwrap_or_else(PoisonError::into_inner);
-        if let Some(throttle) = buckets.get(key.as_ref()) {
-            return throttle.clone();
+        if let Some(throttle) = throttles.get(key.as_ref()) {
+            return Arc::clone(throttle);
         }
-        drop(buckets);
+        drop(throttles);
 
-        let mut buckets = registry
-            .buckets
+        let mut throttles = self
+            .throttles
             .write()
             .unwrap_or_else(PoisonError::into_inner);
-        if let Some(throttle) = buckets.get(key.as_ref()) {
-            return throttle.clone();
+        if let Some(throttle) = throttles.get(key.as_ref()) {
+            return Arc::clone(throttle);
         }
-        if buckets.len() >= registry.max_authorities {
-            return registry.overflow.clone();
+        if throttles.len() >= self.max_authorities {
+            return Arc::clone(&self.overflow);
         }
-        let throttle = registry.overflow.fresh();
-        buckets.insert(key.into_owned(), throttle.clone());
+        let throttle = Arc::new(self.overflow.fresh());
+        throttles.insert(key.into_owned(), Arc::clone(&throttle));
         throttle
     }
+}
 
-    /// The number of authorities with a bucket of their own (the overflow bucket is not
+impl<T> ThrottleRegistry<T> {
+    /// The number of authorities with a throttle of their own (the overflow throttle is not
     /// counted); never more than the cap.
     pub fn len(&self) -> usize {
         self.shared
-            .buckets
+            .throttles
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .len()
     }
 
-    /// Whether no authority has a bucket of its own yet.
+    /// Whether no authority has a throttle of its own yet.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    /// How many authorities may get a bucket of their own.
+    /// How many authorities may get a throttle of their own.
     pub fn max_authorities(&self) -> usize {
         self.shared.max_authorities
     }
 }
 
-impl Throttle {
+/// A registry of any kind of throttle, as the policy table holds it.
+pub(crate) trait AuthorityThrottles: Send + Sync {
+    /// The throttle for `authority`, as [`ThrottleRegistry::get`] finds it.
+    fn throttle(&self, authority: &str) -> Arc<dyn RetryThrottle>;
+}
+
+impl<T: AuthorityThrottle> AuthorityThrottles for Registry<T> {
+    fn throttle(&self, authority: &str) -> Arc<dyn RetryThrottle> {
+        self.get(authority)
+    }
+}
+
+impl<T: AuthorityThrottle> ThrottleRegistry<T> {
+    /// The registry with its kind of throttle erased, for the policy table.
+    pub(crate) fn erased(&self) -> Arc<dyn AuthorityThrottles> {
+        // Coerced from the `Arc<Registry<T>>` itself: no new allocation.
+        self.shared.clone()
+    }
+}
+
+impl AuthorityThrottle for Throttle {
     /// A new, full bucket with the same settings.
     fn fresh(&self) -> Throttle {
         let Bucket {
@@ -575,11 +658,10 @@ impl Throttle {
     }
 }
 
-impl fmt::Debug for ThrottleRegistry {
+impl<T: fmt::Debug> fmt::Debug for ThrottleRegistry<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ThrottleRegistry")
-            .field("max_tokens", &self.shared.overflow.max_tokens())
-            .field("token_ratio", &self.shared.overflow.token_ratio())
+            .field("overflow", &self.shared.overflow)
             .field("authorities", &self.len())
             .field("max_authorities", &self.shared.max_authorities)
             .finish()
@@ -879,7 +961,8 @@ mod tests {
         ));
         assert_eq!(
             format!("{registry:?}"),
-            "ThrottleRegistry { max_tokens: 7, token_ratio: 0.333, authorities: 1, max_authorities: 4096 }"
+            "ThrottleRegistry { overflow: Throttle { max_tokens: 7, token_ratio: 0.333, tokens: 7.0 }, \
+             authorities: 1, max_authorities: 4096 }"
         );
     }
 }

@@ -26,7 +26,7 @@ use tower::util::BoxCloneService;
 use tower::{BoxError, Layer, Service, ServiceExt};
 use tower_retry_hedge::backoff::{Backoff, Exponential, Step};
 use tower_retry_hedge::classify::{Code, GrpcCodes};
-use tower_retry_hedge::throttle::RetryBudget;
+use tower_retry_hedge::throttle::{AdaptiveThrottle, RetryBudget};
 use tower_retry_hedge::{Policies, RetryLayer, RetryPolicy, Throttle};
 
 use crate::common::{Req, Res, SERVICE, Seeded, grpc_request, is_ok, is_unavailable};
@@ -202,11 +202,17 @@ pub enum Peer {
     /// This crate's `RetryLayer`, `maxAttempts` 4, with a `RetryBudget` at tower's
     /// `TpsBudget` defaults (10 s, 10 retries/s, 20 %).
     CrateBudget,
+    /// This crate's `RetryLayer`, `maxAttempts` 4, with an `AdaptiveThrottle` at its defaults
+    /// (k 2, 10 s window), seeded.
+    CrateAdaptive,
+    /// This crate's `RetryLayer`, `maxAttempts` 4, with the guide's default: the gRFC A6
+    /// throttle with `tokenRatio` 1 (20, 1.0).
+    CrateDefault,
 }
 
 impl Peer {
     /// Every strategy, in the order the tables list them.
-    pub const ALL: [Peer; 7] = [
+    pub const ALL: [Peer; 9] = [
         Peer::NoRetry,
         Peer::Naive,
         Peer::TowerTps,
@@ -214,6 +220,8 @@ impl Peer {
         Peer::ResilienceAimd,
         Peer::CrateA6,
         Peer::CrateBudget,
+        Peer::CrateAdaptive,
+        Peer::CrateDefault,
     ];
 
     /// A label for the tables.
@@ -226,6 +234,8 @@ impl Peer {
             Peer::ResilienceAimd => "tower-resilience retry + AIMD budget",
             Peer::CrateA6 => "this crate + A6 throttle (10, 0.1)",
             Peer::CrateBudget => "this crate + budget (10 s, 10/s, 20 %)",
+            Peer::CrateAdaptive => "this crate + adaptive throttle (k 2, 10 s)",
+            Peer::CrateDefault => "this crate + A6 throttle (20, 1.0): the default",
         }
     }
 
@@ -239,6 +249,8 @@ impl Peer {
             Peer::ResilienceAimd => "resilience_aimd",
             Peer::CrateA6 => "crate_a6",
             Peer::CrateBudget => "crate_budget",
+            Peer::CrateAdaptive => "crate_adaptive",
+            Peer::CrateDefault => "crate_default",
         }
     }
 
@@ -284,17 +296,22 @@ impl Peer {
             Peer::TowerTps => tower_retry(Some(Arc::new(TpsBudget::default())))?,
             Peer::Resilience => resilience(false)?,
             Peer::ResilienceAimd => resilience(true)?,
-            Peer::CrateA6 | Peer::CrateBudget => {
+            Peer::CrateA6 | Peer::CrateBudget | Peer::CrateAdaptive | Peer::CrateDefault => {
                 let policy = RetryPolicy::builder()
                     .max_attempts(MAX_ATTEMPTS)
                     .backoff(a6_backoff(seed)?)
                     .retryable(GrpcCodes::from([Code::Unavailable]))
                     .build()?;
                 let policies = Policies::builder().service(SERVICE, policy);
-                let policies = if self == Peer::CrateA6 {
-                    policies.throttle(Throttle::new(10, 0.1)?)
-                } else {
-                    policies.throttle(RetryBudget::new(Duration::from_secs(10), 10, 0.2)?)
+                let policies = match self {
+                    Peer::CrateA6 => policies.throttle(Throttle::new(10, 0.1)?),
+                    Peer::CrateBudget => {
+                        policies.throttle(RetryBudget::new(Duration::from_secs(10), 10, 0.2)?)
+                    }
+                    Peer::CrateAdaptive => {
+                        policies.throttle(AdaptiveThrottle::default().with_seed(seed))
+                    }
+                    _ => policies.throttle(Throttle::new(20, 1.0)?),
                 };
                 BoxCloneService::new(RetryLayer::new(policies.build()).layer(downstream))
             }

@@ -20,6 +20,18 @@ use super::{BoxError, BufferLimits, ReplayBody};
 ///   [`UnsyncBoxBody`](http_body_util::combinators::UnsyncBoxBody) with a [`BoxError`]),
 ///   `tonic::body::Body` (with the `tonic` feature), and [`ReplayBody`] itself, for any other
 ///   body type wrapped by the caller.
+///
+/// Any other streaming body (axum's `Body`, hyper's `Incoming`, a `StreamBody`) is boxed first:
+/// `UnsyncBoxBody::new(body.map_err(Into::into))`, or `BoxBody` for a `Sync` body, both with
+/// [`BoxError`] as the error type.
+#[diagnostic::on_unimplemented(
+    message = "the retry and hedge layers cannot replay a request body of type `{Self}`",
+    label = "a request with this body cannot be sent more than once",
+    note = "bodies that can be replayed: `Full<Bytes>`, `Empty<Bytes>`, `BoxBody<Bytes, BoxError>`, \
+            `UnsyncBoxBody<Bytes, BoxError>`, `tonic::body::Body` (feature `tonic`) and `ReplayBody<B>`",
+    note = "box a streaming body: `UnsyncBoxBody::new(body.map_err(Into::<BoxError>::into))` \
+            (`http_body_util::BodyExt::boxed_unsync`), and give the inner service that body type"
+)]
 pub trait Replay: http_body::Body + Sized {
     /// What a call keeps to make a body for each attempt.
     type Copies: Copies<Self>;

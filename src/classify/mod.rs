@@ -71,6 +71,8 @@ mod code;
 mod errors;
 mod grpc;
 mod http;
+#[cfg(feature = "retry-info")]
+mod retry_info;
 
 use std::error::Error;
 use std::fmt;
@@ -79,6 +81,12 @@ pub use self::code::{Code, GrpcCodes, UnknownCode};
 pub use self::errors::{is_not_sent, is_refused, transport_outcome};
 pub use self::grpc::grpc_status;
 pub use self::http::{HttpStatuses, ResetFormat, ResetHeader};
+#[cfg(feature = "retry-info")]
+#[cfg_attr(docsrs, doc(cfg(feature = "retry-info")))]
+pub use self::retry_info::{
+    GRPC_STATUS_DETAILS_BIN, MAX_STATUS_DETAILS_LEN, WithRetryInfo, retry_info_delay,
+    retry_info_from_headers,
+};
 use crate::pushback::Pushback;
 
 /// What one attempt produced, as a classifier sees it.

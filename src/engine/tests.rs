@@ -84,7 +84,7 @@ fn a_success_returns_at_once_and_credits_the_throttle() {
         rules(
             Mode::Retry(retry_policy(|b| b)),
             5,
-            Some(ThrottleHandle::Authority(throttle.clone())),
+            Some(Arc::new(throttle.clone())),
         ),
         None,
     );
@@ -181,7 +181,7 @@ fn pushback_stop_and_pushback_over_the_cap_stop_retries() {
 #[test]
 fn a_fatal_pushback_over_the_cap_does_not_debit_the_throttle() {
     let throttle = Throttle::new(10, 0.1).unwrap();
-    let handle = || Some(ThrottleHandle::Authority(throttle.clone()));
+    let handle = || Some(Arc::new(throttle.clone()) as ThrottleHandle);
     let mut engine = Engine::new(rules(Mode::Retry(retry_policy(|b| b)), 5, handle()), None);
     let t = Clock(Instant::now());
     let long = Outcome::Fatal(Some(Pushback::After(Duration::from_secs(3600))));
@@ -357,7 +357,7 @@ fn a_non_idempotent_request_is_not_repeated() {
 #[test]
 fn throttled_retries_stop() {
     let throttle = Throttle::new(2, 0.1).unwrap();
-    let handle = Some(ThrottleHandle::Authority(throttle.clone()));
+    let handle = Some(Arc::new(throttle.clone()) as ThrottleHandle);
     let mut engine = Engine::new(rules(Mode::Retry(retry_policy(|b| b)), 5, handle), None);
     let t = Clock(Instant::now());
     // 2 tokens: one failure leaves 1, not above half: no retry.
@@ -451,7 +451,7 @@ fn a_fatal_hedge_answer_is_returned_and_pushback_stop_ends_hedging() {
 fn hedges_need_the_throttle_above_half() {
     let throttle = Throttle::new(2, 0.1).unwrap();
     throttle.on_failure();
-    let mut engine = hedge_engine(3, ms(10), Some(ThrottleHandle::Authority(throttle)));
+    let mut engine = hedge_engine(3, ms(10), Some(Arc::new(throttle)));
     poll(&mut engine, t0());
     // The hedge comes due, the throttle refuses it: none is sent, the first goes on.
     assert_eq!(poll(&mut engine, t0() + ms(10)), Action::Wait(None));

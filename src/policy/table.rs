@@ -12,7 +12,7 @@ use http::{Method, Request};
 use super::{DEFAULT_MAX_ATTEMPTS_CAP, DEFAULT_MAX_PUSHBACK, MethodPolicy};
 use crate::body::BufferLimits;
 use crate::stats::Stats;
-use crate::throttle::{RetryThrottle, ThrottleRegistry};
+use crate::throttle::{AuthorityThrottle, AuthorityThrottles, RetryThrottle, ThrottleRegistry};
 
 /// An HTTP route: a path prefix (matched on whole segments) and, optionally, a set of
 /// methods. Its statistics are kept under its name (the prefix, unless named otherwise),
@@ -80,30 +80,15 @@ impl Route {
     }
 }
 
-/// The throttle a call counts against: the table's shared one, or its authority's bucket.
-/// Neither allocates per call.
-#[derive(Clone)]
-pub(crate) enum ThrottleHandle {
-    Shared(Arc<dyn RetryThrottle>),
-    Authority(crate::throttle::Throttle),
-}
-
-impl std::ops::Deref for ThrottleHandle {
-    type Target = dyn RetryThrottle;
-
-    fn deref(&self) -> &(dyn RetryThrottle + 'static) {
-        match self {
-            ThrottleHandle::Shared(throttle) => &**throttle,
-            ThrottleHandle::Authority(throttle) => throttle,
-        }
-    }
-}
+/// The throttle a call counts against: the table's shared one, or its authority's. Neither
+/// allocates per call (a registry keeps each authority's throttle in an `Arc`).
+pub(crate) type ThrottleHandle = Arc<dyn RetryThrottle>;
 
 #[derive(Clone)]
 enum ThrottleChoice {
     None,
     Shared(Arc<dyn RetryThrottle>),
-    PerAuthority(ThrottleRegistry),
+    PerAuthority(Arc<dyn AuthorityThrottles>),
 }
 
 /// gRPC names (`package.Service/Method` or `package.Service`) to policies; `None` turns a
@@ -238,7 +223,7 @@ impl Policies {
     pub(crate) fn throttle_for<B>(&self, request: &Request<B>) -> Option<ThrottleHandle> {
         match &self.0.throttle {
             ThrottleChoice::None => None,
-            ThrottleChoice::Shared(throttle) => Some(ThrottleHandle::Shared(throttle.clone())),
+            ThrottleChoice::Shared(throttle) => Some(Arc::clone(throttle)),
             ThrottleChoice::PerAuthority(registry) => {
                 let authority = request
                     .uri()
@@ -251,7 +236,7 @@ impl Policies {
                             .and_then(|h| h.to_str().ok())
                     })
                     .unwrap_or("");
-                Some(ThrottleHandle::Authority(registry.get(authority)))
+                Some(registry.throttle(authority))
             }
         }
     }
@@ -374,9 +359,13 @@ impl PoliciesBuilder {
     }
 
     /// One throttle per authority (host:port) of the request URI, for clients that talk to
-    /// many hosts.
-    pub fn throttle_per_authority(mut self, registry: ThrottleRegistry) -> Self {
-        self.throttle = ThrottleChoice::PerAuthority(registry);
+    /// many hosts: A6 buckets, or copies of any [`AuthorityThrottle`] such as an
+    /// [`AdaptiveThrottle`](crate::throttle::AdaptiveThrottle).
+    pub fn throttle_per_authority<T: AuthorityThrottle>(
+        mut self,
+        registry: ThrottleRegistry<T>,
+    ) -> Self {
+        self.throttle = ThrottleChoice::PerAuthority(registry.erased());
         self
     }
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::RetryThrottle;
+use super::{AuthorityThrottle, RetryThrottle};
 use crate::window::Slots;
 
 const SLOTS: usize = 10;
@@ -143,6 +143,17 @@ impl RetryThrottle for RetryBudget {
     }
 }
 
+impl AuthorityThrottle for RetryBudget {
+    fn fresh(&self) -> Self {
+        RetryBudget {
+            window: Arc::new(Mutex::new(Slots::new(self.ttl, Instant::now()))),
+            ttl: self.ttl,
+            min_per_second: self.min_per_second,
+            ratio: self.ratio,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -192,5 +203,18 @@ mod tests {
             err.to_string(),
             "ratio: must be a finite number in [0, 1000]"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn fresh_copies_start_empty() {
+        let budget = RetryBudget::new(Duration::from_secs(10), 0, 0.5).unwrap();
+        budget.on_call();
+        budget.on_call();
+        let fresh = budget.fresh();
+        assert_eq!((budget.remaining(), fresh.remaining()), (1, 0));
+        fresh.on_call();
+        fresh.on_call();
+        assert!(fresh.allows_retry());
+        assert_eq!(budget.remaining(), 1);
     }
 }

@@ -15,7 +15,7 @@ use tower_retry_hedge::classify::{Code, GrpcCodes, HttpStatuses, ResetFormat, Re
 use tower_retry_hedge::error::{AttemptTimedOut, last_error};
 use tower_retry_hedge::metadata::Attempts;
 use tower_retry_hedge::policy::{RetryDecision, Route};
-use tower_retry_hedge::throttle::{RetryBudget, RetryThrottle};
+use tower_retry_hedge::throttle::{AdaptiveThrottle, RetryBudget, RetryThrottle, ThrottleRegistry};
 use tower_retry_hedge::{BoxError, Policies, RetryLayer, RetryPolicy};
 
 type Req = Request<Full<Bytes>>;
@@ -234,6 +234,60 @@ async fn retry_budget_caps_retries_in_a_failure_burst() {
     }
     assert_eq!(attempts, 120, "100 calls + 20 retries");
     assert_eq!(budget.remaining(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn adaptive_throttle_per_authority_sheds_retries_to_the_failing_host_only() {
+    // `down.test` answers 503 to everything, `up.test` 200.
+    let seen = Arc::new(AtomicU32::new(0));
+    let counter = seen.clone();
+    let svc = tower::service_fn(move |request: Req| {
+        counter.fetch_add(1, Ordering::SeqCst);
+        let status = if request.uri().host() == Some("down.test") {
+            503
+        } else {
+            200
+        };
+        async move { Ok::<_, BoxError>(Response::builder().status(status).body(0u32).unwrap()) }
+    });
+    let registry = ThrottleRegistry::from_template(AdaptiveThrottle::default().with_seed(3));
+    let policies = Policies::builder()
+        .route(Route::prefix("/"), http_policy().build().unwrap())
+        .throttle_per_authority(registry.clone())
+        .build();
+    let svc = RetryLayer::new(policies).layer(svc);
+    let call = |uri: &'static str| {
+        let svc = svc.clone();
+        async move {
+            let request = Request::get(uri).body(Full::new(Bytes::new())).unwrap();
+            let response = svc.oneshot(request).await.unwrap();
+            (response.status(), Attempts::of(&response).sent())
+        }
+    };
+
+    let mut attempts = 0;
+    for _ in 0..50 {
+        let (status, sent) = call("http://down.test/items").await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        attempts += sent;
+    }
+    let down = registry.get("down.test");
+    // Every attempt's answer was counted against the host, none accepted.
+    assert_eq!(down.requests(), u64::from(attempts));
+    assert_eq!(down.accepts(), 0);
+    // Without a throttle 50 calls make 200 attempts; with no accepts, almost every retry
+    // after the first few failures is rejected.
+    assert!(attempts < 50 + 20, "{attempts} attempts");
+    assert!(down.rejection_probability() > 0.95);
+    assert_eq!(seen.load(Ordering::SeqCst), attempts);
+
+    // The other host has a throttle of its own, untouched by the failures.
+    assert_eq!(registry.get("up.test").requests(), 0);
+    assert_eq!(call("http://up.test/items").await, (StatusCode::OK, 1));
+    let up = registry.get("up.test");
+    assert_eq!((up.requests(), up.accepts()), (1, 1));
+    assert!(up.allows_retry());
+    assert_eq!(registry.len(), 2);
 }
 
 #[tokio::test(start_paused = true)]

@@ -65,6 +65,15 @@ pub enum Action {
     /// `ClientStream` cannot answer in two steps; for them this is a plain
     /// [`Action::Fail`] without pushback.
     FailAfterHeaders(Code),
+    /// Answer with a Trailers-Only error `code` whose details (built with
+    /// tonic-types, sent in `grpc-status-details-bin`) hold a
+    /// `google.rpc.RetryInfo` with this `retry_delay`.
+    FailWithRetryInfo {
+        /// The status code.
+        code: Code,
+        /// The `RetryInfo`'s delay.
+        delay: Duration,
+    },
 }
 
 impl Action {
@@ -83,6 +92,11 @@ impl Action {
             code,
             pushback: Some(ms.into()),
         }
+    }
+
+    /// Fail with `code` and a `google.rpc.RetryInfo` of `delay`.
+    pub fn retry_info(code: Code, delay: Duration) -> Self {
+        Self::FailWithRetryInfo { code, delay }
     }
 
     /// Wait `delay`, then do `then`.
@@ -340,6 +354,16 @@ fn failure(code: Code, pushback: Option<&str>) -> Status {
     Status::with_metadata(code, "scripted failure", metadata)
 }
 
+/// The status for a scripted failure carrying a `RetryInfo`, as a Google API sends it.
+fn failure_with_retry_info(code: Code, delay: Duration) -> Status {
+    use tonic_types::{ErrorDetails, StatusExt as _};
+    Status::with_error_details(
+        code,
+        "scripted failure",
+        ErrorDetails::with_retry_info(Some(delay)),
+    )
+}
+
 fn shut_down() -> Status {
     Status::unavailable("peer shutting down")
 }
@@ -372,6 +396,16 @@ fn answer<T>(
             let status = failure(code, pushback.as_deref());
             finish_with(guard, Outcome::Status { code, pushback });
             Err(status)
+        }
+        Some(Action::FailWithRetryInfo { code, delay }) => {
+            finish_with(
+                guard,
+                Outcome::Status {
+                    code,
+                    pushback: None,
+                },
+            );
+            Err(failure_with_retry_info(code, delay))
         }
         // One answer cannot carry headers and then an error: fail plainly.
         Some(Action::FailAfterHeaders(code)) => {
@@ -507,6 +541,16 @@ impl Echo for FaultEcho {
                 let status = failure(code, pushback.as_deref());
                 finish_with(guard, Outcome::Status { code, pushback });
                 Err(status)
+            }
+            Some(Action::FailWithRetryInfo { code, delay }) => {
+                finish_with(
+                    guard,
+                    Outcome::Status {
+                        code,
+                        pushback: None,
+                    },
+                );
+                Err(failure_with_retry_info(code, delay))
             }
             Some(Action::FailAfterHeaders(code)) => {
                 finish_with(guard, Outcome::MessageThenStatus(code));

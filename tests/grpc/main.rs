@@ -8,6 +8,8 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+#[cfg(feature = "retry-info")]
+mod retry_info;
 
 use std::future::Future;
 use std::time::Duration;
