@@ -89,7 +89,7 @@ pub use adaptive::{AdaptiveThrottle, AdaptiveThrottleError};
 pub use budget::{BudgetError, RetryBudget};
 
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
@@ -138,6 +138,77 @@ pub trait RetryThrottle: fmt::Debug + Send + Sync {
     ///
     /// A budget withdraws here, so call it only when an attempt would otherwise be sent.
     fn allows_retry(&self) -> bool;
+
+    /// What the throttle holds now, for dashboards and debugging; reading it changes
+    /// nothing.
+    ///
+    /// The default says [`ThrottleState::Unknown`].
+    fn state(&self) -> ThrottleState {
+        ThrottleState::Unknown
+    }
+}
+
+/// What a throttle holds at one moment: [`RetryThrottle::state`], or
+/// [`Policies::throttle_state`](crate::Policies::throttle_state) for the table's.
+///
+/// ```
+/// use tower_retry_hedge::throttle::{RetryThrottle, Throttle, ThrottleState};
+///
+/// let throttle = Throttle::new(10, 0.1)?;
+/// throttle.on_failure();
+/// assert_eq!(
+///     throttle.state(),
+///     ThrottleState::Bucket { tokens: 9.0, max_tokens: 10, threshold: 5.0, token_ratio: 0.1 }
+/// );
+/// assert!(throttle.state().allows_retry().unwrap_or(true));
+/// # Ok::<(), tower_retry_hedge::throttle::ThrottleError>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
+pub enum ThrottleState {
+    /// The gRFC A6 token bucket ([`Throttle`]): retries and hedges are sent only while
+    /// `tokens > threshold` (`max_tokens / 2`).
+    Bucket {
+        /// The tokens now.
+        tokens: f64,
+        /// `maxTokens`.
+        max_tokens: u32,
+        /// `maxTokens / 2`: the tokens must be above it.
+        threshold: f64,
+        /// `tokenRatio` as applied (truncated to three decimals).
+        token_ratio: f64,
+    },
+    /// A [`RetryBudget`].
+    Budget {
+        /// Retries it would still allow now.
+        remaining: u64,
+    },
+    /// An [`AdaptiveThrottle`], over its window.
+    Adaptive {
+        /// Answers counted.
+        requests: u64,
+        /// Answers the servers accepted (successes and fatal answers).
+        accepts: u64,
+        /// The probability that a retry asked for now is rejected.
+        rejection_probability: f64,
+    },
+    /// A throttle that does not report its state.
+    Unknown,
+}
+
+impl ThrottleState {
+    /// Whether a retry would be allowed now, where the state alone says: `Some` for a bucket
+    /// and a budget, `None` for an adaptive throttle (a random draw decides) or an unknown
+    /// one.
+    pub fn allows_retry(&self) -> Option<bool> {
+        match *self {
+            ThrottleState::Bucket {
+                tokens, threshold, ..
+            } => Some(tokens > threshold),
+            ThrottleState::Budget { remaining } => Some(remaining > 0),
+            ThrottleState::Adaptive { .. } | ThrottleState::Unknown => None,
+        }
+    }
 }
 
 impl<T: RetryThrottle + ?Sized> RetryThrottle for Arc<T> {
@@ -159,6 +230,10 @@ impl<T: RetryThrottle + ?Sized> RetryThrottle for Arc<T> {
 
     fn allows_retry(&self) -> bool {
         (**self).allows_retry()
+    }
+
+    fn state(&self) -> ThrottleState {
+        (**self).state()
     }
 }
 
@@ -300,6 +375,15 @@ impl RetryThrottle for Throttle {
     fn allows_retry(&self) -> bool {
         // Strictly above half: `max_milli <= 1_000_000`, so doubling cannot overflow.
         self.tokens_milli().saturating_mul(2) > self.bucket.max_milli
+    }
+
+    fn state(&self) -> ThrottleState {
+        ThrottleState::Bucket {
+            tokens: self.tokens(),
+            max_tokens: self.max_tokens(),
+            threshold: f64::from(self.max_tokens()) / 2.0,
+            token_ratio: self.token_ratio(),
+        }
     }
 }
 
@@ -618,15 +702,56 @@ impl<T> ThrottleRegistry<T> {
     }
 }
 
+impl<T: RetryThrottle> ThrottleRegistry<T> {
+    /// The state of every authority's throttle, by authority (lower-case), without making
+    /// any; the overflow throttle is not listed.
+    ///
+    /// ```
+    /// use tower_retry_hedge::throttle::{RetryThrottle, ThrottleRegistry, ThrottleState};
+    ///
+    /// let registry = ThrottleRegistry::new(10, 0.1)?;
+    /// registry.get("API.example.com:443").on_failure();
+    /// let states = registry.states();
+    /// assert!(matches!(
+    ///     states["api.example.com:443"],
+    ///     ThrottleState::Bucket { tokens: 9.0, .. }
+    /// ));
+    /// # Ok::<(), tower_retry_hedge::throttle::ThrottleError>(())
+    /// ```
+    pub fn states(&self) -> BTreeMap<String, ThrottleState> {
+        self.shared.states()
+    }
+}
+
+impl<T: RetryThrottle> Registry<T> {
+    fn states(&self) -> BTreeMap<String, ThrottleState> {
+        let throttles = self
+            .throttles
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
+        throttles
+            .iter()
+            .map(|(authority, throttle)| (authority.clone(), throttle.state()))
+            .collect()
+    }
+}
+
 /// A registry of any kind of throttle, as the policy table holds it.
 pub(crate) trait AuthorityThrottles: Send + Sync {
     /// The throttle for `authority`, as [`ThrottleRegistry::get`] finds it.
     fn throttle(&self, authority: &str) -> Arc<dyn RetryThrottle>;
+
+    /// Every authority's throttle's state, as [`ThrottleRegistry::states`] reads them.
+    fn states(&self) -> BTreeMap<String, ThrottleState>;
 }
 
 impl<T: AuthorityThrottle> AuthorityThrottles for Registry<T> {
     fn throttle(&self, authority: &str) -> Arc<dyn RetryThrottle> {
         self.get(authority)
+    }
+
+    fn states(&self) -> BTreeMap<String, ThrottleState> {
+        Registry::states(self)
     }
 }
 

@@ -19,6 +19,7 @@ use crate::engine::{Action, AttemptId, Cancel, Engine, Now, Verdict};
 use crate::error::{Attempted, attempt_timed_out, deadline_exceeded};
 use crate::metadata::{Attempts, GRPC_PREVIOUS_RPC_ATTEMPTS_NAME};
 use crate::stats::{MethodStats, Stats};
+use crate::telemetry::AttemptSpan;
 
 pin_project! {
     /// The future of a call through either layer.
@@ -78,7 +79,17 @@ struct Attempt<F> {
     id: AttemptId,
     reader: u64,
     sent_at: std::time::Instant,
+    span: AttemptSpan,
     future: Pin<Box<F>>,
+}
+
+pin_project! {
+    /// The first attempt, in place, with its span: dropping it closes the span.
+    struct First<F> {
+        #[pin]
+        future: F,
+        span: AttemptSpan,
+    }
 }
 
 pin_project! {
@@ -91,7 +102,7 @@ pin_project! {
     {
         // The first attempt, in place: a call answered by it allocates nothing more.
         #[pin]
-        first: Option<S::Future>,
+        first: Option<First<S::Future>>,
         first_reader: u64,
         // When the first attempt was sent, for a hedging delay that learns from latencies:
         // stamped at the first poll, and only for such a delay.
@@ -111,6 +122,23 @@ pin_project! {
         last: Option<Result<S::Response, BoxError>>,
         stats: StatsHandle,
         span: tracing::Span,
+    }
+
+    impl<S, B> PinnedDrop for Driver<S, B>
+    where
+        S: Service<Request<B>>,
+        B: Replay,
+    {
+        // The call's metrics are recorded once, when it ends: returned or dropped.
+        fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
+            crate::telemetry::record_call(
+                &this.shared.policies,
+                this.engine,
+                this.call,
+                this.stats.route.as_ref(),
+            );
+        }
     }
 }
 
@@ -150,6 +178,10 @@ where
         stats: StatsHandle,
         span: tracing::Span,
     ) -> Self {
+        let first = First {
+            future: first,
+            span: AttemptSpan::new(&span, AttemptId::FIRST, false, false),
+        };
         Driver {
             first: Some(first),
             first_reader,
@@ -235,19 +267,32 @@ where
     ) -> Step<Result<Response<RB>, BoxError>> {
         let mut this = self.project();
         let mut answered = false;
-        if let Some(first) = this.first.as_mut().as_pin_mut()
-            && let Poll::Ready(result) = first.poll(cx)
-        {
-            this.first.set(None);
-            answered = true;
-            let (sent_at, reader) = (*this.first_sent_at, *this.first_reader);
-            if let Some(done) = answer(&mut this, AttemptId::FIRST, reader, sent_at, result, now) {
-                return Step::Done(done);
+        if let Some(first) = this.first.as_mut().as_pin_mut() {
+            let first = first.project();
+            let polled = {
+                let _entered = first.span.span().enter();
+                first.future.poll(cx)
+            };
+            if let Poll::Ready(result) = polled {
+                let mut span = std::mem::take(first.span);
+                this.first.set(None);
+                answered = true;
+                let (sent_at, reader) = (*this.first_sent_at, *this.first_reader);
+                let first = AttemptId::FIRST;
+                if let Some(done) =
+                    answer(&mut this, first, reader, sent_at, &mut span, result, now)
+                {
+                    return Step::Done(done);
+                }
             }
         }
         let mut i = 0;
         while let Some(attempt) = this.others.get_mut(i) {
-            let Poll::Ready(result) = attempt.future.as_mut().poll(cx) else {
+            let polled = {
+                let _entered = attempt.span.span().enter();
+                attempt.future.as_mut().poll(cx)
+            };
+            let Poll::Ready(result) = polled else {
                 i += 1;
                 continue;
             };
@@ -255,10 +300,12 @@ where
                 id,
                 reader,
                 sent_at,
+                mut span,
                 ..
             } = this.others.remove(i);
             answered = true;
-            if let Some(done) = answer(&mut this, id, reader, Some(sent_at), result, now) {
+            let sent_at = Some(sent_at);
+            if let Some(done) = answer(&mut this, id, reader, sent_at, &mut span, result, now) {
                 return Step::Done(done);
             }
         }
@@ -311,7 +358,6 @@ where
                     else {
                         // The body outgrew the buffer while the call waited: committed to
                         // what an earlier attempt got.
-                        tracing::debug!("committed: the body cannot be replayed");
                         this.engine.on_commit(None);
                         continue;
                     };
@@ -323,16 +369,11 @@ where
                             .record_retry(id.number - 1);
                     }
                     this.span.record("http.request.resend_count", id.send - 1);
-                    tracing::debug!(
-                        attempt = id.send,
-                        hedge = send.hedge,
-                        transparent = send.transparent,
-                        "sending"
-                    );
                     this.others.push(Attempt {
                         id,
                         reader,
                         sent_at: now.get(),
+                        span: AttemptSpan::sent(this.span, id, send),
                         future: Box::pin(future),
                     });
                     changed = true;
@@ -351,8 +392,14 @@ where
                         }
                         Cancel::TimedOut(id) => {
                             if id == AttemptId::FIRST {
+                                if let Some(first) = this.first.as_mut().as_pin_mut() {
+                                    first.project().span.timed_out();
+                                }
                                 this.first.set(None);
                             } else {
+                                this.others.iter_mut().filter(|a| a.id == id).for_each(|a| {
+                                    a.span.timed_out();
+                                });
                                 this.others.retain(|a| a.id != id);
                             }
                             *this.last = Some(Err(attempt_timed_out(this.engine.grpc())));
@@ -428,6 +475,7 @@ fn answer<S, B, RB>(
     id: AttemptId,
     reader: u64,
     sent_at: Option<std::time::Instant>,
+    span: &mut AttemptSpan,
     result: Result<Response<RB>, S::Error>,
     now: &mut Now<'_>,
 ) -> Option<Result<Response<RB>, BoxError>>
@@ -445,6 +493,7 @@ where
         Err(error) => AttemptResult::Error(&**error),
     };
     let outcome: Outcome = this.engine.classifier().classify(view);
+    span.answered(&outcome);
     if outcome != Outcome::Success
         && let Some(reader) = this.call.committed_reader()
     {

@@ -230,6 +230,25 @@ impl<B: Replay> Call<B> {
         self.head.uri.path()
     }
 
+    /// Whether the call is a gRPC call.
+    #[cfg(feature = "opentelemetry")]
+    pub(crate) fn is_grpc(&self) -> bool {
+        self.grpc
+    }
+
+    /// The request's authority: its URI's, else its `Host` header.
+    #[cfg(feature = "opentelemetry")]
+    pub(crate) fn authority(&self) -> Option<&str> {
+        match self.head.uri.authority() {
+            Some(authority) => Some(authority.as_str()),
+            None => self
+                .head
+                .headers
+                .get(http::header::HOST)
+                .and_then(|host| host.to_str().ok()),
+        }
+    }
+
     /// After commit, the reader id of the attempt that goes on.
     pub(crate) fn committed_reader(&self) -> Option<u64> {
         match &self.body {

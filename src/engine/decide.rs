@@ -32,7 +32,7 @@ impl Engine {
                 if let Some(throttle) = &self.rules.throttle {
                     throttle.on_success();
                 }
-                tracing::debug!(attempt = attempt.send, "success");
+                tracing::debug!(attempt = attempt.send, reason = "success", "committed");
                 self.finish()
             }
             Outcome::Fatal(pushback) => {
@@ -47,7 +47,7 @@ impl Engine {
                         throttle.on_fatal();
                     }
                 }
-                tracing::debug!(attempt = attempt.send, "fatal: returning it");
+                tracing::debug!(attempt = attempt.send, reason = "fatal", "committed");
                 self.finish()
             }
             Outcome::NotSent => self.not_sent(attempt, now.get()),
@@ -62,6 +62,7 @@ impl Engine {
                 let outcome = self.refused_as_the_policy_sees_it();
                 self.refused_retried = true;
                 if outcome == Outcome::Refused {
+                    tracing::debug!(attempt = attempt.send, reason = "refused", "committed");
                     return self.finish();
                 }
                 self.answer(attempt, outcome, result, now)
@@ -125,7 +126,12 @@ impl Engine {
         let bounded_out =
             self.deadline.is_none() && self.not_sent_in_a_row >= self.rules.max_transparent();
         if bounded_out || !self.replayable() {
-            tracing::debug!(attempt = attempt.send, "never sent: not resending");
+            let reason = if bounded_out {
+                "transparent retries exhausted"
+            } else {
+                "committed"
+            };
+            tracing::debug!(attempt = attempt.send, reason, "not retrying");
             return Verdict::Keep;
         }
         let delay = self.rules.backoff().sample(
@@ -136,10 +142,7 @@ impl Engine {
             &mut rand::rng(),
         );
         if !self.fits(now, delay) {
-            tracing::debug!(
-                attempt = attempt.send,
-                "never sent: the deadline comes first"
-            );
+            tracing::debug!(attempt = attempt.send, reason = "deadline", "not retrying");
             return Verdict::Keep;
         }
         self.not_sent_in_a_row += 1;
@@ -181,7 +184,7 @@ impl Engine {
         }
         let pushback = match outcome.pushback() {
             Some(Pushback::After(delay)) if delay > self.rules.max_pushback => {
-                tracing::debug!(?delay, "pushback over the client's cap: stop");
+                tracing::debug!(?delay, "pushback over the cap");
                 Some(Pushback::Stop)
             }
             other => other,
@@ -247,14 +250,16 @@ impl Engine {
             .as_ref()
             .is_some_and(|t| !t.allows_retry())
         {
-            return stop(self, "throttled");
+            tracing::debug!(attempt = self.sent + 1, "throttled");
+            self.stopped = true;
+            return;
         }
-        tracing::debug!(
-            attempt = self.sent + 1,
-            ?delay,
-            pushback = pushback.is_some(),
-            "retrying"
-        );
+        let reason = match pushback {
+            Some(Pushback::After(_)) => "pushback",
+            _ if at_once => "per-attempt timeout",
+            _ => "backoff",
+        };
+        tracing::debug!(attempt = self.sent + 1, ?delay, reason, "retrying");
         self.next = Some(Pending {
             at: Some(after(now, delay)),
             send: Send {
@@ -295,15 +300,20 @@ impl Engine {
     /// or never; later ones follow at the hedging delay from it.
     fn next_hedge(&mut self, pushback: Option<Pushback>, now: Instant) {
         if pushback == Some(Pushback::Stop) {
-            tracing::debug!("pushback: no more hedges");
+            tracing::debug!(
+                attempt = self.sent,
+                reason = "pushback: stop",
+                "not retrying"
+            );
             self.stopped = true;
             self.next = None;
             return;
         }
-        let at = match pushback {
-            Some(Pushback::After(delay)) => after(now, delay),
-            _ => now,
+        let delay = match pushback {
+            Some(Pushback::After(delay)) => delay,
+            _ => Duration::ZERO,
         };
+        let at = after(now, delay);
         if let Some(next) = &mut self.next {
             next.at = Some(at);
         } else if self.may_count_another() {
@@ -316,7 +326,9 @@ impl Engine {
                 },
                 granted: false,
             });
+        } else {
+            return;
         }
-        tracing::debug!(?pushback, "non-fatal: next hedge");
+        tracing::debug!(?delay, "next hedge");
     }
 }

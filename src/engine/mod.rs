@@ -261,8 +261,27 @@ pub(crate) struct Engine {
     cancel: Option<Cancel>,
     /// Failed retries (attempts after the first) not yet taken for the statistics.
     retry_failures: u32,
+    /// Counted attempts sent while earlier ones might still be in flight.
+    hedges: u32,
+    /// Since when no attempt has been in flight (A96's retry delay), if the call is waiting.
+    idle_since: Option<Instant>,
+    /// Time spent with no attempt in flight before a later attempt was sent.
+    idle: Duration,
     started: bool,
     ended: bool,
+}
+
+/// What a call did beyond its first attempt, for gRFC A96's per-call metrics.
+#[cfg_attr(not(feature = "opentelemetry"), allow(dead_code))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Extra {
+    /// Counted attempts after the first that were not hedges.
+    pub(crate) retries: u32,
+    /// Counted attempts sent while earlier ones might still be in flight.
+    pub(crate) hedges: u32,
+    pub(crate) transparent: u32,
+    /// The time no attempt was in flight before a later one was sent.
+    pub(crate) delay: Duration,
 }
 
 impl Engine {
@@ -287,6 +306,9 @@ impl Engine {
             committed: None,
             cancel: None,
             retry_failures: 0,
+            hedges: 0,
+            idle_since: None,
+            idle: Duration::ZERO,
             started: false,
             ended: false,
         };
@@ -308,6 +330,20 @@ impl Engine {
     /// The attempts sent so far.
     pub(crate) fn attempts(&self) -> Attempts {
         Attempts::new(self.sent, self.transparent)
+    }
+
+    /// What the call did beyond its first attempt; `None` for a call of one attempt.
+    #[cfg_attr(not(feature = "opentelemetry"), allow(dead_code))]
+    pub(crate) fn extra(&self) -> Option<Extra> {
+        if self.sent <= 1 {
+            return None;
+        }
+        Some(Extra {
+            retries: self.counted - 1 - self.hedges,
+            hedges: self.hedges,
+            transparent: self.transparent,
+            delay: self.idle,
+        })
     }
 
     /// Failed retries since the last call, for the statistics: A6 counts "retry attempts
@@ -398,6 +434,9 @@ impl Engine {
         }
         self.sent += 1;
         self.in_flight += 1;
+        if let Some(since) = self.idle_since.take() {
+            self.idle += now.get().saturating_duration_since(since);
+        }
         let id = AttemptId {
             send: self.sent,
             number: send.number,
@@ -406,6 +445,7 @@ impl Engine {
             self.transparent += 1;
         } else {
             self.counted += 1;
+            self.hedges += u32::from(send.hedge);
             if let Some((timeout, _)) = self.rules.per_attempt_timeout() {
                 self.attempt_timeout = Some((id, after(now.get(), timeout)));
             }
@@ -434,7 +474,8 @@ impl Engine {
         }
         tracing::debug!(
             attempt = attempt.map(|a| a.send),
-            "committed: body outgrew the buffer"
+            reason = "body",
+            "committed"
         );
         self.committed = Some(attempt);
         self.unschedule();
@@ -473,6 +514,10 @@ impl Engine {
             self.start(now);
             now
         };
+        if self.in_flight == 0 {
+            // Nothing in flight: the wait until the next send is the call's retry delay.
+            self.idle_since.get_or_insert(now);
+        }
         if self.deadline.is_some_and(|deadline| now >= deadline) {
             tracing::debug!(attempts = self.sent, "deadline exceeded");
             self.ended = true;
@@ -516,7 +561,7 @@ impl Engine {
                 .as_ref()
                 .is_some_and(|t| !t.allows_retry())
             {
-                tracing::debug!(attempt = self.sent + 1, "throttled: no more hedges");
+                tracing::debug!(attempt = self.sent + 1, "throttled");
                 self.stopped = true;
                 self.next = None;
                 return None;
@@ -529,6 +574,7 @@ impl Engine {
     /// The latest counted attempt outlived its per-attempt timeout.
     fn on_attempt_timeout(&mut self, attempt: AttemptId, now: Instant) -> Option<Action> {
         let (_, hedge) = self.rules.per_attempt_timeout()?;
+        tracing::debug!(attempt = attempt.send, "per-attempt timeout");
         self.timed_out_through = attempt.send;
         let timed_out = crate::error::AttemptTimedOut::new();
         let result = AttemptResult::Error(&timed_out);
@@ -537,13 +583,16 @@ impl Engine {
             // A request that may not be repeated just waits, and its timeout does not count
             // against the throttle, as when it is not retried.
             if !self.rules.may_repeat {
-                tracing::debug!("per-attempt timeout: the request may not be repeated");
+                tracing::debug!(
+                    attempt = attempt.send,
+                    reason = "not idempotent",
+                    "not retrying"
+                );
                 return None;
             }
             self.retryable(Outcome::Retryable(None), result, now, true);
             return None;
         }
-        tracing::debug!(attempt = attempt.send, "per-attempt timeout");
         self.cancel = Some(Cancel::TimedOut(attempt));
         self.not_sent_in_a_row = 0;
         let outcome = self.gate(Outcome::Retryable(None));

@@ -1,7 +1,7 @@
 //! [`Policies`]: the table that picks a policy for each request, and what every call through
 //! the layers shares.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -12,7 +12,9 @@ use http::{Method, Request};
 use super::{DEFAULT_MAX_ATTEMPTS_CAP, DEFAULT_MAX_PUSHBACK, MethodPolicy};
 use crate::body::BufferLimits;
 use crate::stats::Stats;
-use crate::throttle::{AuthorityThrottle, AuthorityThrottles, RetryThrottle, ThrottleRegistry};
+use crate::throttle::{
+    AuthorityThrottle, AuthorityThrottles, RetryThrottle, ThrottleRegistry, ThrottleState,
+};
 
 /// An HTTP route: a path prefix (matched on whole segments) and, optionally, a set of
 /// methods. Its statistics are kept under its name (the prefix, unless named otherwise),
@@ -116,6 +118,8 @@ struct Table {
     max_pushback: Duration,
     track_backends: bool,
     stats: Stats,
+    #[cfg(feature = "opentelemetry")]
+    metrics: Option<crate::telemetry::RetryMetrics>,
     /// A retry layer was made from this table: a hedge layer above it leaves the calls it
     /// does not hedge to it (transparent retries, the throttle's credit).
     retry_layer: AtomicBool,
@@ -158,6 +162,8 @@ impl Policies {
             max_attempts_cap: DEFAULT_MAX_ATTEMPTS_CAP,
             max_pushback: DEFAULT_MAX_PUSHBACK,
             track_backends: false,
+            #[cfg(feature = "opentelemetry")]
+            metrics: None,
         }
     }
 
@@ -241,6 +247,40 @@ impl Policies {
         }
     }
 
+    /// The state of the table's throttle, the one every call shares (set with
+    /// [`throttle`](PoliciesBuilder::throttle), or built from a service config's
+    /// `retryThrottling`); `None` without one, or when throttles are kept per authority
+    /// (see [`authority_throttle_states`](Policies::authority_throttle_states)).
+    ///
+    /// ```
+    /// use tower_retry_hedge::throttle::{Throttle, ThrottleState};
+    /// use tower_retry_hedge::Policies;
+    ///
+    /// let policies = Policies::builder().throttle(Throttle::new(20, 1.0)?).build();
+    /// let Some(ThrottleState::Bucket { tokens, threshold, .. }) = policies.throttle_state() else {
+    ///     panic!("an A6 bucket");
+    /// };
+    /// assert_eq!((tokens, threshold), (20.0, 10.0));
+    /// assert!(Policies::default().throttle_state().is_none());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn throttle_state(&self) -> Option<ThrottleState> {
+        match &self.0.throttle {
+            ThrottleChoice::Shared(throttle) => Some(throttle.state()),
+            ThrottleChoice::None | ThrottleChoice::PerAuthority(_) => None,
+        }
+    }
+
+    /// The state of each authority's throttle, by authority, when the table keeps one per
+    /// authority ([`throttle_per_authority`](PoliciesBuilder::throttle_per_authority));
+    /// empty otherwise.
+    pub fn authority_throttle_states(&self) -> BTreeMap<String, ThrottleState> {
+        match &self.0.throttle {
+            ThrottleChoice::PerAuthority(registry) => registry.states(),
+            ThrottleChoice::None | ThrottleChoice::Shared(_) => BTreeMap::new(),
+        }
+    }
+
     /// Whether any throttle is configured.
     #[cfg(test)]
     pub(crate) fn has_throttle(&self) -> bool {
@@ -273,6 +313,12 @@ impl Policies {
         &self.0.stats
     }
 
+    /// The gRFC A96 instruments calls record on, if the table was given a meter.
+    #[cfg(feature = "opentelemetry")]
+    pub(crate) fn metrics(&self) -> Option<&crate::telemetry::RetryMetrics> {
+        self.0.metrics.as_ref()
+    }
+
     /// Notes that a retry layer was made from this table (see
     /// [`HedgeLayer`](crate::HedgeLayer) on calls without a policy).
     pub(crate) fn note_retry_layer(&self) {
@@ -296,6 +342,8 @@ pub struct PoliciesBuilder {
     buffer_limits: BufferLimits,
     max_attempts_cap: u32,
     track_backends: bool,
+    #[cfg(feature = "opentelemetry")]
+    metrics: Option<crate::telemetry::RetryMetrics>,
 }
 
 impl fmt::Debug for PoliciesBuilder {
@@ -400,6 +448,31 @@ impl PoliciesBuilder {
         self
     }
 
+    /// Records gRFC A96's retry metrics (`grpc.client.call.retries`,
+    /// `grpc.client.call.transparent_retries`, `grpc.client.call.hedges`,
+    /// `grpc.client.call.retry_delay`) of every call through layers built from this table,
+    /// on a [`Meter`](opentelemetry::metrics::Meter) (`.metrics(&meter)`) or on
+    /// [`RetryMetrics`](crate::telemetry::RetryMetrics) that name the channel's target. See
+    /// [`telemetry`](crate::telemetry#metrics).
+    ///
+    /// ```
+    /// use opentelemetry::metrics::MeterProvider as _;
+    /// use opentelemetry_sdk::metrics::SdkMeterProvider;
+    /// use tower_retry_hedge::Policies;
+    ///
+    /// let provider = SdkMeterProvider::builder().build();
+    /// let policies = Policies::builder()
+    ///     .metrics(&provider.meter("tower-retry-hedge"))
+    ///     .build();
+    /// # let _ = policies;
+    /// ```
+    #[cfg(feature = "opentelemetry")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "opentelemetry")))]
+    pub fn metrics(mut self, metrics: impl Into<crate::telemetry::RetryMetrics>) -> Self {
+        self.metrics = Some(metrics.into());
+        self
+    }
+
     /// Builds the table.
     pub fn build(self) -> Policies {
         Policies(Arc::new(Table {
@@ -413,6 +486,8 @@ impl PoliciesBuilder {
             max_pushback: self.max_pushback,
             track_backends: self.track_backends,
             stats: Stats::default(),
+            #[cfg(feature = "opentelemetry")]
+            metrics: self.metrics,
             retry_layer: AtomicBool::new(false),
         }))
     }

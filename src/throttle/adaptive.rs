@@ -10,7 +10,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 
-use super::{AuthorityThrottle, RetryThrottle};
+use super::{AuthorityThrottle, RetryThrottle, ThrottleState};
 use crate::window::Slots;
 
 const SLOTS: usize = 10;
@@ -264,6 +264,15 @@ impl RetryThrottle for AdaptiveThrottle {
         let rejected = probability(total(&state.window), self.k);
         // No draw while nothing is rejected: the healthy path takes no random number.
         rejected == 0.0 || state.rng.random::<f64>() >= rejected
+    }
+
+    fn state(&self) -> ThrottleState {
+        let counts = self.counts();
+        ThrottleState::Adaptive {
+            requests: counts.requests,
+            accepts: counts.accepts,
+            rejection_probability: probability(counts, self.k),
+        }
     }
 }
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{AuthorityThrottle, RetryThrottle};
+use super::{AuthorityThrottle, RetryThrottle, ThrottleState};
 use crate::window::Slots;
 
 const SLOTS: usize = 10;
@@ -140,6 +140,12 @@ impl RetryThrottle for RetryBudget {
         let current = window.current(Instant::now());
         current.retries = current.retries.saturating_add(1);
         true
+    }
+
+    fn state(&self) -> ThrottleState {
+        ThrottleState::Budget {
+            remaining: self.remaining(),
+        }
     }
 }
 

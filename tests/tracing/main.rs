@@ -73,9 +73,9 @@ async fn a_span_per_call_and_an_event_per_retry() {
     let retries: Vec<_> = lines.iter().filter(|l| l.contains("retrying")).collect();
     assert_eq!(retries.len(), 2, "{lines:#?}");
     assert!(retries[0].contains("attempt=2") && retries[0].contains("delay=40ms"));
-    assert!(retries[0].contains("pushback=true"));
+    assert!(retries[0].contains(r#"reason="pushback""#));
     assert!(retries[1].contains("attempt=3") && retries[1].contains("delay=100ms"));
-    assert!(retries[1].contains("pushback=false"));
+    assert!(retries[1].contains(r#"reason="backoff""#));
 
     let resend_counts: Vec<_> = lines
         .iter()

@@ -1,0 +1,174 @@
+//! gRFC A96's per-call retry metrics on an OpenTelemetry meter (the API only; the user's SDK
+//! aggregates and exports them).
+
+use std::fmt;
+use std::sync::Arc;
+
+use opentelemetry::metrics::{Histogram, Meter};
+use opentelemetry::{KeyValue, Value};
+
+use crate::body::Replay;
+use crate::call::Call;
+use crate::engine::Extra;
+
+/// `grpc.client.call.retries`: counted attempts after the first that were not hedges.
+pub const RETRIES: &str = "grpc.client.call.retries";
+/// `grpc.client.call.transparent_retries`: transparent retries.
+pub const TRANSPARENT_RETRIES: &str = "grpc.client.call.transparent_retries";
+/// `grpc.client.call.hedges`: hedges.
+pub const HEDGES: &str = "grpc.client.call.hedges";
+/// `grpc.client.call.retry_delay`: seconds with no attempt in flight before a later one.
+pub const RETRY_DELAY: &str = "grpc.client.call.retry_delay";
+
+/// The bucket boundaries of [`RETRIES`] and [`HEDGES`], as grpc-java gives them for A96.
+pub const RETRY_BUCKETS: [f64; 5] = [1.0, 2.0, 3.0, 4.0, 5.0];
+/// The bucket boundaries of [`TRANSPARENT_RETRIES`], as grpc-java gives them for A96.
+pub const TRANSPARENT_RETRY_BUCKETS: [f64; 6] = [1.0, 2.0, 3.0, 4.0, 5.0, 10.0];
+/// The bucket boundaries of [`RETRY_DELAY`]: gRFC A66's latency buckets, in seconds.
+pub const RETRY_DELAY_BUCKETS: [f64; 41] = [
+    0.0, 0.00001, 0.00005, 0.0001, 0.0003, 0.0006, 0.0008, 0.001, 0.002, 0.003, 0.004, 0.005,
+    0.006, 0.008, 0.01, 0.013, 0.016, 0.02, 0.025, 0.03, 0.04, 0.05, 0.065, 0.08, 0.1, 0.13, 0.16,
+    0.2, 0.25, 0.3, 0.4, 0.5, 0.65, 0.8, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0,
+];
+
+/// The label value A66 records for what it will not name.
+const OTHER: &str = "other";
+
+/// The instruments of gRFC A96, made on a [`Meter`], for
+/// [`PoliciesBuilder::metrics`](crate::policy::PoliciesBuilder::metrics): see the
+/// [module docs](super#metrics) for what each call records.
+///
+/// Cheap to clone: the instruments are handles.
+///
+/// ```
+/// use opentelemetry::metrics::MeterProvider as _;
+/// use opentelemetry_sdk::metrics::SdkMeterProvider;
+/// use tower_retry_hedge::telemetry::RetryMetrics;
+/// use tower_retry_hedge::Policies;
+///
+/// let provider = SdkMeterProvider::builder().build();
+/// let metrics = RetryMetrics::new(&provider.meter("tower-retry-hedge"))
+///     .target("dns:///greeter.example.com:443");
+/// let policies = Policies::builder().metrics(metrics).build();
+/// # let _ = policies;
+/// ```
+#[derive(Clone)]
+pub struct RetryMetrics {
+    retries: Histogram<u64>,
+    transparent: Histogram<u64>,
+    hedges: Histogram<u64>,
+    delay: Histogram<f64>,
+    target: Option<Arc<str>>,
+}
+
+impl RetryMetrics {
+    /// The four histograms, made on `meter` with A96's names, units and bucket advice.
+    pub fn new(meter: &Meter) -> RetryMetrics {
+        let counts = |name: &'static str, unit: &'static str, description, buckets: &[f64]| {
+            meter
+                .u64_histogram(name)
+                .with_unit(unit)
+                .with_description(description)
+                .with_boundaries(buckets.to_vec())
+                .build()
+        };
+        RetryMetrics {
+            retries: counts(
+                RETRIES,
+                "{retry}",
+                "Number of retries during the client call. If there were no retries, 0 is not reported.",
+                &RETRY_BUCKETS,
+            ),
+            transparent: counts(
+                TRANSPARENT_RETRIES,
+                "{transparent_retry}",
+                "Number of transparent retries during the client call. If there were no transparent retries, 0 is not reported.",
+                &TRANSPARENT_RETRY_BUCKETS,
+            ),
+            hedges: counts(
+                HEDGES,
+                "{hedge}",
+                "Number of hedges during the client call. If there were no hedges, 0 is not reported.",
+                &RETRY_BUCKETS,
+            ),
+            delay: meter
+                .f64_histogram(RETRY_DELAY)
+                .with_unit("s")
+                .with_description(
+                    "Total time of delay while there is no active attempt during the client call.",
+                )
+                .with_boundaries(RETRY_DELAY_BUCKETS.to_vec())
+                .build(),
+            target: None,
+        }
+    }
+
+    /// The `grpc.target` of every call: the channel's target as gRFC A66 defines it, such
+    /// as `dns:///greeter.example.com:443`. Without it, each request's authority is used.
+    pub fn target(mut self, target: impl Into<String>) -> RetryMetrics {
+        self.target = Some(Arc::from(target.into()));
+        self
+    }
+
+    /// Records one call that made more than one attempt.
+    pub(crate) fn record(&self, extra: &Extra, labels: &Labels) {
+        let target = match &self.target {
+            Some(target) => Value::from(Arc::clone(target)),
+            None => labels.authority.clone(),
+        };
+        let attributes = [
+            KeyValue::new("grpc.method", labels.method.clone()),
+            KeyValue::new("grpc.target", target),
+        ];
+        // A96: "If there were no retries, 0 is not reported", and so for the others.
+        for (histogram, count) in [
+            (&self.retries, extra.retries),
+            (&self.transparent, extra.transparent),
+            (&self.hedges, extra.hedges),
+        ] {
+            if count > 0 {
+                histogram.record(u64::from(count), &attributes);
+            }
+        }
+        self.delay.record(extra.delay.as_secs_f64(), &attributes);
+    }
+}
+
+impl From<&Meter> for RetryMetrics {
+    fn from(meter: &Meter) -> RetryMetrics {
+        RetryMetrics::new(meter)
+    }
+}
+
+impl fmt::Debug for RetryMetrics {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RetryMetrics")
+            .field("target", &self.target)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A call's `grpc.method`, and its authority for `grpc.target`.
+pub(crate) struct Labels {
+    method: Value,
+    authority: Value,
+}
+
+impl Labels {
+    /// The labels of `call`, which took the route named `route` if any.
+    pub(crate) fn of<B: Replay>(call: &Call<B>, route: Option<&Arc<str>>) -> Labels {
+        let path = call.path();
+        let method = match route {
+            Some(route) => Value::from(Arc::clone(route)),
+            None if call.is_grpc() && crate::grpc_path::split(path).is_some() => {
+                Value::from(path[1..].to_owned())
+            }
+            None => Value::from(OTHER),
+        };
+        let authority = match call.authority() {
+            Some(authority) if !authority.is_empty() => Value::from(authority.to_owned()),
+            _ => Value::from(OTHER),
+        };
+        Labels { method, authority }
+    }
+}

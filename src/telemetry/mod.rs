@@ -1,0 +1,278 @@
+//! What the layers tell about their calls: tracing spans and events, gRFC A96 metrics over
+//! OpenTelemetry, and state that can be read at any time.
+//!
+//! - **Tracing**: a span per call, a span per attempt under it (gRFC A45's attempt span, with
+//!   `previous-rpc-attempts` and `transparent-retry`), and one event per decision the call
+//!   makes. All at `DEBUG`: a subscriber that does not enable `DEBUG` for this crate pays
+//!   one relaxed atomic load per span or event, nothing more. Every span, event and field
+//!   is listed in the table below; the `tracing` test binary holds the table to what the
+//!   crate emits.
+//! - **Metrics** (feature `opentelemetry`): gRFC A96's per-call histograms, recorded once when
+//!   a call ends, on a [`Meter`](opentelemetry::metrics::Meter) you pass to
+//!   [`PoliciesBuilder::metrics`](crate::policy::PoliciesBuilder::metrics). See [`RetryMetrics`].
+//! - **State**: [`Policies::stats`](crate::Policies::stats) (A6's per-method statistics,
+//!   kept under the gRPC method or the route's name),
+//!   [`Policies::throttle_state`](crate::Policies::throttle_state) (the throttle's tokens and
+//!   threshold, whether it was built in code or from service-config JSON) and
+//!   [`Policies::buffer_limits`](crate::Policies::buffer_limits)`().in_use()` (the replay
+//!   buffer budget taken now).
+//!
+//! # Spans and events
+//!
+//! Span names and event messages are fixed strings, so a filter or a log query can match
+//! them. `attempt` is the attempt's place in the order of sends (1 for the first, transparent
+//! retries included); `previous-rpc-attempts` is A6's count of the counted attempts before it,
+//! which leaves transparent retries out, as the `grpc-previous-rpc-attempts` header does.
+//! Events of a call are emitted inside its span.
+//!
+//! | kind | name | level | fields | what and when |
+//! |---|---|---|---|---|
+//! | span | `retry` | DEBUG | `path`, `http.request.resend_count` | a call through [`RetryLayer`](crate::RetryLayer); `http.request.resend_count` (the OpenTelemetry HTTP attribute) is recorded at each attempt after the first |
+//! | span | `hedge` | DEBUG | `path`, `http.request.resend_count` | a call through [`HedgeLayer`](crate::HedgeLayer), the same fields |
+//! | span | `attempt` | DEBUG | `attempt`, `previous-rpc-attempts`, `transparent-retry`, `hedge`, `outcome` | one attempt, a child of its call's span, entered while the attempt is polled; `outcome` is recorded when it ends: `success`, `retryable`, `fatal`, `not sent`, `refused` (how the policy's classifier saw the answer), `timed out` (its per-attempt timeout), or `cancelled` (dropped unanswered: another attempt won, the deadline passed, or the caller dropped the call) |
+//! | event | `retrying` | DEBUG | `attempt`, `delay`, `reason` | a retry is scheduled: `attempt` will be sent after `delay`; `reason` is `backoff`, `pushback` (the server's delay, exactly) or `per-attempt timeout` (hedging on it: at once) |
+//! | event | `transparent retry` | DEBUG | `attempt`, `delay`, `reason` | `attempt` is resent transparently after `delay`; `reason` is `not sent` (it never left the client) or `refused` (it never reached the server's application) |
+//! | event | `hedge sent` | DEBUG | `attempt` | a hedge (a counted attempt while others may be in flight) was sent |
+//! | event | `next hedge` | DEBUG | `delay` | a hedge failed with a non-fatal code: the next one goes after `delay` (zero, or the server's pushback) |
+//! | event | `not retrying` | DEBUG | `attempt`, `reason` | no more attempts after a failure; `reason` is `pushback: stop`, `max attempts`, `committed`, `not idempotent`, `vetoed by on_retry`, `deadline` (the next attempt could not start before it) or `transparent retries exhausted` |
+//! | event | `pushback over the cap` | DEBUG | `delay` | the server asked for a `delay` longer than [`max_pushback`](crate::policy::PoliciesBuilder::max_pushback): taken as "do not retry" |
+//! | event | `throttled` | DEBUG | `attempt` | the throttle refused `attempt`, a retry or a hedge: no more attempts |
+//! | event | `committed` | DEBUG | `attempt`, `reason` | the call is committed to `attempt` (empty: to none still in flight) and no new attempt starts; `reason` is `success` or `fatal` (its answer is returned), `refused` (a second refusal the policy also saw as one), or `body` (the request body outgrew the replay buffer, failed, or could not be replayed) |
+//! | event | `per-attempt timeout` | DEBUG | `attempt` | `attempt` outlived its per-attempt timeout |
+//! | event | `deadline exceeded` | DEBUG | `attempts` | the call's deadline passed after `attempts` sends: it fails |
+//! | event | `request body outgrew the retry buffer; committed` | DEBUG | `reader`, `bytes_read`, `overflow` | the replay body (not necessarily in the call's span: any task may poll it) |
+//! | event | `request body source failed` | DEBUG | `reader`, `message` | the replay body's source failed: the call is committed to the reader that saw it |
+//! | event | `request body committed` | DEBUG | `reader` | the replay body was committed to `reader` |
+//! | event | `request body has no such reader; not committed` | DEBUG | `reader` | [`ReplayBody::commit_to`](crate::body::ReplayBody::commit_to) was given an id it never gave out |
+//! | event | `request body too large to record for replay` | DEBUG | `size_hint.lower`, `per_call`, `available` | the body's size hint is over the buffer limits: it is sent once, as it is |
+//! | event | `balance: dropping an endpoint that failed` | DEBUG | `error` | (feature `balance`) a backend's service failed and left the balancer |
+//!
+//! To see them, enable `DEBUG` for the crate, for example with tracing-subscriber's
+//! `EnvFilter` and `RUST_LOG=tower_retry_hedge=debug`. An OpenTelemetry tracing bridge
+//! (such as `tracing-opentelemetry`) turns the spans into OpenTelemetry spans as they are.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), tower_retry_hedge::BoxError> {
+//! use bytes::Bytes;
+//! use http_body_util::Full;
+//! use tower::{service_fn, Layer, ServiceExt};
+//! use tower_retry_hedge::classify::HttpStatuses;
+//! use tower_retry_hedge::policy::Route;
+//! use tower_retry_hedge::{Policies, RetryLayer, RetryPolicy};
+//!
+//! // Print the crate's events: `DEBUG retrying attempt=2 delay=… reason="backoff"` and so on.
+//! let subscriber = tracing_subscriber::fmt()
+//!     .with_env_filter("tower_retry_hedge=debug")
+//!     .finish();
+//! let _guard = tracing::subscriber::set_default(subscriber);
+//!
+//! let policy = RetryPolicy::builder().retryable(HttpStatuses::default()).build()?;
+//! let policies = Policies::builder().route(Route::prefix("/"), policy).build();
+//! let calls = std::sync::atomic::AtomicU32::new(0);
+//! let server = service_fn(|_: http::Request<Full<Bytes>>| {
+//!     let status = if calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed) == 0 { 503 } else { 200 };
+//!     async move { http::Response::builder().status(status).body(()) }
+//! });
+//! let request = http::Request::get("http://example.test/items").body(Full::new(Bytes::new()))?;
+//! let response = RetryLayer::new(policies).layer(server).oneshot(request).await?;
+//! assert_eq!(response.status(), 200);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Metrics
+//!
+//! With the `opentelemetry` feature, a table built with a meter records, when each call ends
+//! (or is dropped), the histograms of gRFC A96:
+//!
+//! | instrument | unit | value per call | bucket boundaries |
+//! |---|---|---|---|
+//! | `grpc.client.call.retries` | `{retry}` | counted attempts after the first that were not hedges | 1, 2, 3, 4, 5 |
+//! | `grpc.client.call.transparent_retries` | `{transparent_retry}` | transparent retries | 1, 2, 3, 4, 5, 10 |
+//! | `grpc.client.call.hedges` | `{hedge}` | hedges (counted attempts sent while others might be in flight) | 1, 2, 3, 4, 5 |
+//! | `grpc.client.call.retry_delay` | `s` | time with no attempt in flight before a later attempt was sent | gRFC A66's latency buckets, 0 to 100 s |
+//!
+//! As A96 says ("if there were no retries, 0 is not reported"), a count of zero is not
+//! recorded, and a call of a single attempt records nothing at all (as gRPC C-core does), so
+//! the success path costs a comparison. The retry delay is recorded for every call of more
+//! than one attempt.
+//!
+//! Each value carries gRFC A66's attributes:
+//!
+//! - `grpc.method`: `package.Service/Method` (no leading `/`) for a gRPC call (content type
+//!   `application/grpc`) whose path names a method; the route's [name](crate::policy::Route::name)
+//!   for a request that took an HTTP route; `other` for anything else, so that raw HTTP paths
+//!   never become labels (A66 records unregistered methods as `other` for the same reason);
+//! - `grpc.target`: the target given to [`RetryMetrics::target`], else the request's authority
+//!   (its URI's, else its `Host` header), else `other`. tonic's generated clients send
+//!   path-only URIs unless built `with_origin`, so a tonic client should name its target.
+//!
+//! The boundaries are given to the SDK as advice (`with_boundaries`); a view may override
+//! them.
+//!
+//! ```
+//! # #[cfg(feature = "opentelemetry")]
+//! # fn main() {
+//! use opentelemetry::metrics::MeterProvider as _;
+//! use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMeterProvider};
+//! use tower_retry_hedge::telemetry::RetryMetrics;
+//! use tower_retry_hedge::Policies;
+//!
+//! let exporter = InMemoryMetricExporter::default();
+//! let provider = SdkMeterProvider::builder()
+//!     .with_reader(PeriodicReader::builder(exporter.clone()).build())
+//!     .build();
+//! let meter = provider.meter("tower-retry-hedge");
+//!
+//! // The meter alone: `grpc.target` is each request's authority.
+//! let policies = Policies::builder().metrics(&meter).build();
+//! // Or with the channel's target, as A66 defines it.
+//! let policies = Policies::builder()
+//!     .metrics(RetryMetrics::new(&meter).target("dns:///greeter.example.com:443"))
+//!     .build();
+//! # let _ = policies;
+//! # }
+//! # #[cfg(not(feature = "opentelemetry"))]
+//! # fn main() {}
+//! ```
+//!
+//! # State
+//!
+//! ```
+//! use tower_retry_hedge::config::ServiceConfig;
+//! use tower_retry_hedge::throttle::ThrottleState;
+//!
+//! let policies = ServiceConfig::from_json(r#"{
+//!   "methodConfig": [],
+//!   "retryThrottling": {"maxTokens": 10, "tokenRatio": 0.1}
+//! }"#)?
+//! .policies();
+//! match policies.throttle_state() {
+//!     Some(ThrottleState::Bucket { tokens, threshold, .. }) => {
+//!         assert_eq!((tokens, threshold), (10.0, 5.0)); // retries flow while tokens > threshold
+//!     }
+//!     other => panic!("an A6 bucket, not {other:?}"),
+//! }
+//! assert_eq!(policies.buffer_limits().in_use(), 0); // no body is being recorded
+//! assert!(policies.stats().snapshot().methods.is_empty()); // no retry yet
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+#[cfg(feature = "opentelemetry")]
+mod metrics;
+
+#[cfg(feature = "opentelemetry")]
+#[cfg_attr(docsrs, doc(cfg(feature = "opentelemetry")))]
+pub use self::metrics::{
+    HEDGES, RETRIES, RETRY_BUCKETS, RETRY_DELAY, RETRY_DELAY_BUCKETS, RetryMetrics,
+    TRANSPARENT_RETRIES, TRANSPARENT_RETRY_BUCKETS,
+};
+
+use tracing::Span;
+
+use crate::classify::Outcome;
+use crate::engine::{AttemptId, Send};
+
+/// The span of one attempt: its outcome is recorded when it answers, and an attempt dropped
+/// unanswered is recorded as cancelled. Dropping it closes the span.
+pub(crate) struct AttemptSpan {
+    span: Span,
+    /// No outcome recorded yet.
+    open: bool,
+}
+
+impl AttemptSpan {
+    /// The span of attempt `id`, under the call's span.
+    pub(crate) fn new(call: &Span, id: AttemptId, transparent: bool, hedge: bool) -> AttemptSpan {
+        let span = tracing::debug_span!(
+            parent: call,
+            "attempt",
+            attempt = id.send,
+            "previous-rpc-attempts" = id.number - 1,
+            "transparent-retry" = transparent,
+            hedge,
+            outcome = tracing::field::Empty,
+        );
+        AttemptSpan { span, open: true }
+    }
+
+    /// The span of attempt `id`, just sent for `send`; a hedge is also told as an event.
+    pub(crate) fn sent(call: &Span, id: AttemptId, send: Send) -> AttemptSpan {
+        if send.hedge && !send.transparent {
+            tracing::debug!(attempt = id.send, "hedge sent");
+        }
+        AttemptSpan::new(call, id, send.transparent, send.hedge)
+    }
+
+    pub(crate) fn span(&self) -> &Span {
+        &self.span
+    }
+
+    /// The attempt answered, as the policy's classifier saw it.
+    pub(crate) fn answered(&mut self, outcome: &Outcome) {
+        let name = match outcome {
+            Outcome::Success => "success",
+            Outcome::Retryable(_) => "retryable",
+            Outcome::Fatal(_) => "fatal",
+            Outcome::NotSent => "not sent",
+            Outcome::Refused => "refused",
+        };
+        self.end(name);
+    }
+
+    /// The attempt outlived its per-attempt timeout.
+    pub(crate) fn timed_out(&mut self) {
+        self.end("timed out");
+    }
+
+    fn end(&mut self, outcome: &'static str) {
+        if self.open {
+            self.open = false;
+            self.span.record("outcome", outcome);
+        }
+    }
+}
+
+impl Drop for AttemptSpan {
+    fn drop(&mut self) {
+        self.end("cancelled");
+    }
+}
+
+impl Default for AttemptSpan {
+    /// No span, and nothing to record.
+    fn default() -> AttemptSpan {
+        AttemptSpan {
+            span: Span::none(),
+            open: false,
+        }
+    }
+}
+
+/// Without the `opentelemetry` feature there is nothing to record.
+#[cfg(not(feature = "opentelemetry"))]
+pub(crate) fn record_call<B: crate::body::Replay>(
+    _: &crate::Policies,
+    _: &crate::engine::Engine,
+    _: &crate::call::Call<B>,
+    _: Option<&std::sync::Arc<str>>,
+) {
+}
+
+/// Records what a call did in the table's metrics, once, when it ends.
+#[cfg(feature = "opentelemetry")]
+pub(crate) fn record_call<B: crate::body::Replay>(
+    policies: &crate::Policies,
+    engine: &crate::engine::Engine,
+    call: &crate::call::Call<B>,
+    route: Option<&std::sync::Arc<str>>,
+) {
+    // A call of one attempt records nothing: the success path stops here.
+    let Some(extra) = engine.extra() else {
+        return;
+    };
+    if let Some(metrics) = policies.metrics() {
+        metrics.record(&extra, &metrics::Labels::of(call, route));
+    }
+}
