@@ -1,0 +1,433 @@
+//! gRFC A96's retry metrics, read back from the OpenTelemetry SDK's in-memory exporter: mock
+//! services on tokio's paused clock for the counts and the delay, and the real tonic peer of
+//! `tests/common` for a generated client's labels.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::pb::EchoRequest;
+use common::pb::echo_client::EchoClient;
+use common::{Action, Script, spawn_grpc};
+use http::{Request, Response};
+use http_body_util::Full;
+use opentelemetry::metrics::{Meter, MeterProvider as _};
+use opentelemetry_sdk::metrics::data::{AggregatedMetrics, HistogramDataPoint, MetricData};
+use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMeterProvider};
+use tower::{Layer, ServiceBuilder, ServiceExt};
+use tower_retry_hedge::backoff::{Exponential, Jitter};
+use tower_retry_hedge::classify::{Code, GrpcCodes, HttpStatuses};
+use tower_retry_hedge::policy::Route;
+use tower_retry_hedge::telemetry::{
+    HEDGES, RETRIES, RETRY_BUCKETS, RETRY_DELAY, RETRY_DELAY_BUCKETS, RetryMetrics,
+    TRANSPARENT_RETRIES, TRANSPARENT_RETRY_BUCKETS,
+};
+use tower_retry_hedge::{BoxError, HedgeLayer, HedgePolicy, Policies, RetryLayer, RetryPolicy};
+use tower_test::mock;
+
+type Req = Request<Full<Bytes>>;
+type Res = Response<()>;
+type Handle = mock::Handle<Req, Res>;
+
+const METHOD: &str = "pkg.Service/Method";
+const AUTHORITY: &str = "greeter.test:50051";
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// A meter whose measurements can be read back.
+struct Recorded {
+    exporter: InMemoryMetricExporter,
+    provider: SdkMeterProvider,
+}
+
+/// One histogram data point, its sum as `f64` whatever the instrument's type.
+#[derive(Debug, Clone, PartialEq)]
+struct Point {
+    labels: BTreeMap<String, String>,
+    count: u64,
+    sum: f64,
+    bounds: Vec<f64>,
+    buckets: Vec<u64>,
+}
+
+impl Point {
+    fn of<T: Copy>(point: &HistogramDataPoint<T>, to_f64: impl Fn(T) -> f64) -> Point {
+        Point {
+            labels: point
+                .attributes()
+                .map(|kv| (kv.key.to_string(), kv.value.to_string()))
+                .collect(),
+            count: point.count(),
+            sum: to_f64(point.sum()),
+            bounds: point.bounds().collect(),
+            buckets: point.bucket_counts().collect(),
+        }
+    }
+
+    fn label(&self, key: &str) -> &str {
+        self.labels.get(key).map_or("", String::as_str)
+    }
+}
+
+impl Recorded {
+    fn new() -> Recorded {
+        let exporter = InMemoryMetricExporter::default();
+        let provider = SdkMeterProvider::builder()
+            .with_reader(PeriodicReader::builder(exporter.clone()).build())
+            .build();
+        Recorded { exporter, provider }
+    }
+
+    fn meter(&self) -> Meter {
+        self.provider.meter("tower-retry-hedge")
+    }
+
+    /// The data points of histogram `name` now (cumulative since the start).
+    fn points(&self, name: &str) -> Vec<Point> {
+        self.exporter.reset();
+        self.provider.force_flush().expect("flush the metrics");
+        let exported = self.exporter.get_finished_metrics().expect("read metrics");
+        let mut points = Vec::new();
+        for resource in &exported {
+            for scope in resource.scope_metrics() {
+                for metric in scope.metrics().filter(|m| m.name() == name) {
+                    match metric.data() {
+                        AggregatedMetrics::U64(MetricData::Histogram(h)) => {
+                            points.extend(h.data_points().map(|p| Point::of(p, |v| v as f64)));
+                        }
+                        AggregatedMetrics::F64(MetricData::Histogram(h)) => {
+                            points.extend(h.data_points().map(|p| Point::of(p, |v| v)));
+                        }
+                        other => panic!("{name} is not a histogram: {other:?}"),
+                    }
+                }
+            }
+        }
+        points
+    }
+
+    /// The one data point of histogram `name`.
+    fn point(&self, name: &str) -> Point {
+        let points = self.points(name);
+        assert_eq!(points.len(), 1, "{name}: {points:#?}");
+        points.into_iter().next().unwrap()
+    }
+}
+
+fn backoff() -> Exponential {
+    Exponential::new(ms(100), ms(1000), 2.0, Jitter::None).unwrap()
+}
+
+fn retry_policy() -> RetryPolicy {
+    RetryPolicy::builder()
+        .max_attempts(5)
+        .backoff(backoff())
+        .retryable(GrpcCodes::from([Code::Unavailable]))
+        .build()
+        .unwrap()
+}
+
+/// A gRPC request for `pkg.Service/Method` on `greeter.test:50051`.
+fn grpc_request() -> Req {
+    Request::post(format!("http://{AUTHORITY}/{METHOD}"))
+        .header("content-type", "application/grpc")
+        .body(Full::new(Bytes::from_static(b"hello")))
+        .unwrap()
+}
+
+fn http_request(uri: &str) -> Req {
+    Request::get(uri).body(Full::new(Bytes::new())).unwrap()
+}
+
+fn trailers_only(code: Code, pushback: Option<&'static str>) -> Res {
+    let mut response = Response::builder()
+        .header("content-type", "application/grpc")
+        .header("grpc-status", code.header_value());
+    if let Some(ms) = pushback {
+        response = response.header("grpc-retry-pushback-ms", ms);
+    }
+    response.body(()).unwrap()
+}
+
+fn grpc_ok() -> Res {
+    trailers_only(Code::Ok, None)
+}
+
+fn status(code: u16) -> Res {
+    Response::builder().status(code).body(()).unwrap()
+}
+
+type Call = tokio::task::JoinHandle<Result<Res, BoxError>>;
+
+/// A call through a retry layer over a mock: the test plays the server.
+fn start(policies: &Policies, request: Req) -> (Call, Handle) {
+    let (service, handle) = mock::pair::<Req, Res>();
+    let svc = RetryLayer::new(policies.clone()).layer(service);
+    (tokio::spawn(svc.oneshot(request)), handle)
+}
+
+async fn answer(handle: &mut Handle, response: Res) {
+    let (_, send) = handle.next_request().await.expect("an attempt");
+    send.send_response(response);
+}
+
+/// The labels every test call carries.
+fn grpc_labels() -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("grpc.method".to_owned(), METHOD.to_owned()),
+        ("grpc.target".to_owned(), AUTHORITY.to_owned()),
+    ])
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_with_two_retries_records_retries_2_under_its_method_and_authority() {
+    let recorded = Recorded::new();
+    let policies = Policies::builder()
+        .method(METHOD, retry_policy())
+        .metrics(&recorded.meter())
+        .build();
+    let (call, mut handle) = start(&policies, grpc_request());
+    answer(&mut handle, trailers_only(Code::Unavailable, None)).await;
+    answer(&mut handle, trailers_only(Code::Unavailable, None)).await;
+    answer(&mut handle, grpc_ok()).await;
+    call.await.unwrap().unwrap();
+
+    let retries = recorded.point(RETRIES);
+    assert_eq!((retries.count, retries.sum), (1, 2.0), "{retries:?}");
+    assert_eq!(retries.labels, grpc_labels());
+    assert_eq!(retries.bounds, RETRY_BUCKETS);
+    // Buckets (-inf, 1], (1, 2], …: the value 2 lands in the second.
+    assert_eq!(retries.buckets, [0, 1, 0, 0, 0, 0]);
+    // A96: no transparent retry and no hedge, so nothing is reported for them.
+    assert!(recorded.points(TRANSPARENT_RETRIES).is_empty());
+    assert!(recorded.points(HEDGES).is_empty());
+    // The two backoffs, 100 and 200 ms, with no attempt in flight.
+    let delay = recorded.point(RETRY_DELAY);
+    assert_eq!(delay.count, 1);
+    assert!((delay.sum - 0.3).abs() < 1e-9, "{delay:?}");
+    assert_eq!(delay.labels, grpc_labels());
+    assert_eq!(delay.bounds, RETRY_DELAY_BUCKETS);
+}
+
+#[tokio::test(start_paused = true)]
+async fn three_never_sent_attempts_then_a_success_record_3_transparent_retries_and_no_retry() {
+    let recorded = Recorded::new();
+    let policies = Policies::builder()
+        .method(METHOD, retry_policy())
+        .metrics(&recorded.meter())
+        .build();
+    let (call, mut handle) = start(&policies, grpc_request());
+    for _ in 0..3 {
+        let (_, send) = handle.next_request().await.expect("an attempt");
+        send.send_error(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+    }
+    answer(&mut handle, grpc_ok()).await;
+    call.await.unwrap().unwrap();
+
+    let transparent = recorded.point(TRANSPARENT_RETRIES);
+    assert_eq!((transparent.count, transparent.sum), (1, 3.0));
+    assert_eq!(transparent.labels, grpc_labels());
+    assert_eq!(transparent.bounds, TRANSPARENT_RETRY_BUCKETS);
+    // retries = 0: A96 says "if there were no retries, 0 is not reported".
+    assert!(recorded.points(RETRIES).is_empty());
+    assert!(recorded.points(HEDGES).is_empty());
+    // The never-sent resends backed off (100, 200, 400 ms) with nothing in flight.
+    let delay = recorded.point(RETRY_DELAY);
+    assert!((delay.sum - 0.7).abs() < 1e-9, "{delay:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_retry_after_a_250_ms_pushback_records_a_retry_delay_of_a_quarter_second() {
+    let recorded = Recorded::new();
+    let policies = Policies::builder()
+        .method(METHOD, retry_policy())
+        .metrics(&recorded.meter())
+        .build();
+    let (call, mut handle) = start(&policies, grpc_request());
+    answer(&mut handle, trailers_only(Code::Unavailable, Some("250"))).await;
+    answer(&mut handle, grpc_ok()).await;
+    call.await.unwrap().unwrap();
+
+    let delay = recorded.point(RETRY_DELAY);
+    assert_eq!(delay.count, 1);
+    assert!((delay.sum - 0.25).abs() < 1e-9, "{delay:?}");
+    // 0.25 is a boundary of A66's buckets, and buckets hold their upper bound.
+    let bucket = RETRY_DELAY_BUCKETS.iter().position(|&b| b == 0.25).unwrap();
+    assert_eq!(delay.buckets[bucket], 1, "{delay:?}");
+    assert_eq!(recorded.point(RETRIES).sum, 1.0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_http_route_is_labelled_with_its_name_never_with_its_paths() {
+    let recorded = Recorded::new();
+    let http = || {
+        RetryPolicy::builder()
+            .backoff(backoff())
+            .retryable(HttpStatuses::default())
+            .build()
+            .unwrap()
+    };
+    let policies = Policies::builder()
+        .route(Route::prefix("/api").named("items"), http())
+        .default_policy(http())
+        .metrics(&recorded.meter())
+        .build();
+    for uri in [
+        "http://api.test/api/items/1",
+        "http://api.test/api/items/2",
+        "http://api.test/api/items/3",
+        "http://api.test/elsewhere/4",
+    ] {
+        let (call, mut handle) = start(&policies, http_request(uri));
+        answer(&mut handle, status(503)).await;
+        answer(&mut handle, status(200)).await;
+        call.await.unwrap().unwrap();
+    }
+
+    let mut points = recorded.points(RETRIES);
+    points.sort_by(|a, b| a.label("grpc.method").cmp(b.label("grpc.method")));
+    let labels: Vec<_> = points
+        .iter()
+        .map(|p| (p.label("grpc.method"), p.label("grpc.target"), p.count))
+        .collect();
+    // Three paths under one route: one series. A request outside every route: `other`.
+    assert_eq!(
+        labels,
+        [("items", "api.test", 3), ("other", "api.test", 1)],
+        "{points:#?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hedged_call_records_its_hedges_and_no_retry() {
+    let recorded = Recorded::new();
+    let hedge = HedgePolicy::builder()
+        .max_attempts(3)
+        .delay(ms(10))
+        .non_fatal(GrpcCodes::from([Code::Unavailable]))
+        .build()
+        .unwrap();
+    let policies = Policies::builder()
+        .method(METHOD, hedge)
+        .metrics(&recorded.meter())
+        .build();
+    let (service, mut handle) = mock::pair::<Req, Res>();
+    let svc = HedgeLayer::new(policies.clone()).layer(service);
+    let call = tokio::spawn(svc.oneshot(grpc_request()));
+    // The first attempt hangs; the hedge sent 10 ms later answers.
+    let (_, _slow) = handle.next_request().await.expect("the first attempt");
+    answer(&mut handle, grpc_ok()).await;
+    call.await.unwrap().unwrap();
+
+    let hedges = recorded.point(HEDGES);
+    assert_eq!((hedges.count, hedges.sum), (1, 1.0));
+    assert_eq!(hedges.labels, grpc_labels());
+    assert!(recorded.points(RETRIES).is_empty());
+    // The first attempt was in flight the whole time.
+    assert_eq!(recorded.point(RETRY_DELAY).sum, 0.0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_of_one_attempt_records_nothing() {
+    let recorded = Recorded::new();
+    let policies = Policies::builder()
+        .method(METHOD, retry_policy())
+        .metrics(&recorded.meter())
+        .build();
+    let (call, mut handle) = start(&policies, grpc_request());
+    answer(&mut handle, grpc_ok()).await;
+    call.await.unwrap().unwrap();
+    for name in [RETRIES, TRANSPARENT_RETRIES, HEDGES, RETRY_DELAY] {
+        assert!(recorded.points(name).is_empty(), "{name}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_named_target_replaces_the_authority() {
+    let recorded = Recorded::new();
+    let policies = Policies::builder()
+        .method(METHOD, retry_policy())
+        .metrics(RetryMetrics::new(&recorded.meter()).target("dns:///greeter.test:50051"))
+        .build();
+    let (call, mut handle) = start(&policies, grpc_request());
+    answer(&mut handle, trailers_only(Code::Unavailable, None)).await;
+    answer(&mut handle, grpc_ok()).await;
+    call.await.unwrap().unwrap();
+    assert_eq!(
+        recorded.point(RETRIES).label("grpc.target"),
+        "dns:///greeter.test:50051"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_dropped_while_it_waits_records_what_it_did() {
+    let recorded = Recorded::new();
+    let policies = Policies::builder()
+        .method(METHOD, retry_policy())
+        .metrics(&recorded.meter())
+        .build();
+    let (call, mut handle) = start(&policies, grpc_request());
+    answer(&mut handle, trailers_only(Code::Unavailable, None)).await;
+    answer(&mut handle, trailers_only(Code::Unavailable, None)).await;
+    // The second retry waits out its 200 ms backoff when the caller gives up.
+    tokio::time::sleep(ms(50)).await;
+    call.abort();
+    assert!(call.await.unwrap_err().is_cancelled());
+
+    assert_eq!(recorded.point(RETRIES).sum, 1.0);
+    // Only the first backoff ended in a send; the wait cut short is not a retry delay.
+    assert!((recorded.point(RETRY_DELAY).sum - 0.1).abs() < 1e-9);
+}
+
+/// A generated tonic client over the real peer: a client built `with_origin` sends the
+/// authority, and the method is the generated one.
+#[tokio::test]
+async fn a_tonic_client_records_its_retries_under_the_generated_method_and_the_peer() {
+    let recorded = Recorded::new();
+    let peer = spawn_grpc(Script::new().call(
+        7,
+        [
+            Action::fail(tonic::Code::Unavailable),
+            Action::fail(tonic::Code::Unavailable),
+        ],
+    ))
+    .await;
+    let fast = Exponential::new(ms(1), ms(10), 2.0, Jitter::None).unwrap();
+    let policy = RetryPolicy::builder()
+        .max_attempts(4)
+        .backoff(fast)
+        .retryable(GrpcCodes::from([Code::Unavailable]))
+        .build()
+        .unwrap();
+    let policies = Policies::builder()
+        .service("test.echo.Echo", policy)
+        .metrics(&recorded.meter())
+        .build();
+    let svc = ServiceBuilder::new()
+        .layer(RetryLayer::new(policies))
+        .service(peer.channel().await);
+    let origin: http::Uri = peer.uri().parse().unwrap();
+    let mut client = EchoClient::with_origin(svc, origin);
+    let request = EchoRequest {
+        message: "hello".to_owned(),
+        payload: Vec::new(),
+        call: 7,
+    };
+    let reply = tokio::time::timeout(Duration::from_secs(30), client.unary(request))
+        .await
+        .expect("the call ends")
+        .expect("the third attempt succeeds");
+    assert_eq!(reply.into_inner().message, "hello");
+    assert_eq!(peer.recorder().attempt_count(7), 3);
+
+    let retries = recorded.point(RETRIES);
+    assert_eq!((retries.count, retries.sum), (1, 2.0));
+    assert_eq!(retries.label("grpc.method"), "test.echo.Echo/Unary");
+    assert_eq!(retries.label("grpc.target"), peer.addr().to_string());
+    peer.shutdown().await;
+}
