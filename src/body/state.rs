@@ -173,7 +173,7 @@ where
     /// The source failed: its error goes to `cursor`, and the call is committed to it.
     fn fail(&mut self, error: BoxError, cursor: &mut Cursor, after: &mut After<'_, B>) -> Polled {
         let message = bounded_message(&error);
-        tracing::debug!(reader = cursor.id, %message, "request body source failed");
+        tracing::debug!(reader = cursor.id, error = %message, "request body source failed");
         if self.commit.is_none() {
             self.commit = Some(Commit {
                 reader: cursor.id,

@@ -41,7 +41,7 @@
 //! | event | `per-attempt timeout` | DEBUG | `attempt` | `attempt` outlived its per-attempt timeout |
 //! | event | `deadline exceeded` | DEBUG | `attempts` | the call's deadline passed after `attempts` sends: it fails |
 //! | event | `request body outgrew the retry buffer; committed` | DEBUG | `reader`, `bytes_read`, `overflow` | the replay body (not necessarily in the call's span: any task may poll it) |
-//! | event | `request body source failed` | DEBUG | `reader`, `message` | the replay body's source failed: the call is committed to the reader that saw it |
+//! | event | `request body source failed` | DEBUG | `reader`, `error` | the replay body's source failed: the call is committed to the reader that saw it |
 //! | event | `request body committed` | DEBUG | `reader` | the replay body was committed to `reader` |
 //! | event | `request body has no such reader; not committed` | DEBUG | `reader` | [`ReplayBody::commit_to`](crate::body::ReplayBody::commit_to) was given an id it never gave out |
 //! | event | `request body too large to record for replay` | DEBUG | `size_hint.lower`, `per_call`, `available` | the body's size hint is over the buffer limits: it is sent once, as it is |
