@@ -6,6 +6,7 @@ mod duration;
 mod limits;
 mod matching;
 mod props;
+mod state;
 mod validation;
 
 use tower_retry_hedge::config::{
