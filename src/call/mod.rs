@@ -190,8 +190,6 @@ pub(crate) struct Call<B: Replay> {
     body: Body<B>,
     /// A gRPC call: its attempts carry A6's headers.
     grpc: bool,
-    /// With backend tracking, the attempts share the list of backends used.
-    tried: Option<TriedBackends>,
 }
 
 impl<B: Replay> Call<B> {
@@ -212,15 +210,14 @@ impl<B: Replay> Call<B> {
             }
             Err(original) => (Body::Spent, original, 0),
         };
-        let tried = track_backends.then(TriedBackends::default);
-        if let Some(tried) = &tried {
-            parts.extensions.insert(tried.clone());
+        // A record the request brings is kept; the copies of the parts share it.
+        if track_backends && parts.extensions.get::<TriedBackends>().is_none() {
+            parts.extensions.insert(TriedBackends::default());
         }
         let call = Call {
             head: Head::of(&parts),
             body,
             grpc,
-            tried,
         };
         (call, Request::from_parts(parts, first), reader)
     }
@@ -294,9 +291,6 @@ impl<B: Replay> Call<B> {
             number: sent + 1,
             hedge: send.hedge,
         });
-        if let Some(tried) = &self.tried {
-            extensions.insert(tried.clone());
-        }
         Some((request, reader))
     }
 }

@@ -80,6 +80,14 @@ impl Route {
     }
 }
 
+/// Whether the crate's balancer is in use in this process.
+fn balancer_in_use() -> bool {
+    #[cfg(feature = "balance")]
+    return crate::balance::made();
+    #[cfg(not(feature = "balance"))]
+    false
+}
+
 /// The throttle a call counts against: the table's shared one, or its authority's. Neither
 /// allocates per call (a registry keeps each authority's throttle in an `Arc`).
 pub(crate) type ThrottleHandle = Arc<dyn RetryThrottle>;
@@ -114,7 +122,8 @@ struct Table {
     buffer_limits: BufferLimits,
     max_attempts_cap: u32,
     max_pushback: Duration,
-    track_backends: bool,
+    /// `None`: on once a `balance::Balance` has been made in the process.
+    track_backends: Option<bool>,
     stats: Stats,
     /// A retry layer was made from this table: a hedge layer above it leaves the calls it
     /// does not hedge to it (transparent retries, the throttle's credit).
@@ -157,7 +166,7 @@ impl Policies {
             buffer_limits: BufferLimits::default(),
             max_attempts_cap: DEFAULT_MAX_ATTEMPTS_CAP,
             max_pushback: DEFAULT_MAX_PUSHBACK,
-            track_backends: false,
+            track_backends: None,
         }
     }
 
@@ -263,9 +272,11 @@ impl Policies {
     }
 
     /// Whether every call keeps a [`TriedBackends`](crate::metadata::TriedBackends) record
-    /// for the balancer below the layers.
+    /// for the balancer below the layers: as
+    /// [`PoliciesBuilder::track_backends`] set it, else whether a `balance::Balance` has been
+    /// made in this process (never, without the `balance` feature).
     pub fn track_backends(&self) -> bool {
-        self.0.track_backends
+        self.0.track_backends.unwrap_or_else(balancer_in_use)
     }
 
     /// The statistics of every method.
@@ -295,7 +306,7 @@ pub struct PoliciesBuilder {
     throttle: ThrottleChoice,
     buffer_limits: BufferLimits,
     max_attempts_cap: u32,
-    track_backends: bool,
+    track_backends: Option<bool>,
 }
 
 impl fmt::Debug for PoliciesBuilder {
@@ -393,10 +404,15 @@ impl PoliciesBuilder {
     /// [`TriedBackends`](crate::metadata::TriedBackends) record, in which a load balancer
     /// below the layers notes the backend it picked, so that a call's retries and hedges
     /// go to backends it has not tried (A6: "hedged requests should be sent to distinct
-    /// backends"). Off by default: it costs an allocation per call, worth it only when a
-    /// balancer reads it.
+    /// backends").
+    ///
+    /// Left unset, the record is kept once the process has made a `balance::Balance` (the
+    /// crate's balancer, feature `balance`, which `BalancedChannel` is built on), and not
+    /// before: it costs an allocation per call, worth it only when a balancer reads it.
+    /// `true` keeps it for another balancer that reads
+    /// [`TriedBackends`](crate::metadata::TriedBackends); `false` never keeps it.
     pub fn track_backends(mut self, enabled: bool) -> Self {
-        self.track_backends = enabled;
+        self.track_backends = Some(enabled);
         self
     }
 
