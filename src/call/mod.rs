@@ -32,15 +32,16 @@ fn is_grpc_content_type(value: Option<&HeaderValue>) -> bool {
     })
 }
 
-/// The call's deadline: the earliest of the request's `grpc-timeout` (gRPC calls), the
-/// method's `timeout` and a [`Deadline`] extension; `None` when none is set. Also tells
+/// The call's deadline: the earliest of the request's `grpc-timeout` (for a `grpc` call),
+/// the method's `timeout` and a [`Deadline`] extension; `None` when none is set. Also tells
 /// whether the request's own `grpc-timeout` is that deadline. The clock is read only when a
 /// timeout is set.
 pub(crate) fn deadline_of<B>(
     request: &Request<B>,
+    grpc: bool,
     timeout: Option<Duration>,
 ) -> (Option<Instant>, bool) {
-    let header = if is_grpc(request) {
+    let header = if grpc {
         grpc_timeout::from_headers(request.headers())
     } else {
         None
@@ -91,7 +92,7 @@ where
     } = plan;
     let policies = &shared.policies;
     let grpc = is_grpc(&request);
-    let (deadline, from_header) = deadline_of(&request, timeout);
+    let (deadline, from_header) = deadline_of(&request, grpc, timeout);
     let mut request = request;
     if grpc
         && !from_header
@@ -345,28 +346,29 @@ mod tests {
         request
     }
 
+    fn deadline(request: &Request<()>, timeout: Option<Duration>) -> (Option<Instant>, bool) {
+        deadline_of(request, is_grpc(request), timeout)
+    }
+
     #[tokio::test(start_paused = true)]
     async fn the_deadline_is_the_earliest_of_header_timeout_and_extension() {
         let grpc = [("content-type", "application/grpc"), ("grpc-timeout", "2S")];
         let now = Instant::now();
         let secs = Duration::from_secs;
+        assert_eq!(deadline(&parts(&grpc), None), (Some(now + secs(2)), true));
         assert_eq!(
-            deadline_of(&parts(&grpc), None),
-            (Some(now + secs(2)), true)
-        );
-        assert_eq!(
-            deadline_of(&parts(&grpc), Some(secs(1))),
+            deadline(&parts(&grpc), Some(secs(1))),
             (Some(now + secs(1)), false)
         );
         assert_eq!(
-            deadline_of(&parts(&grpc), Some(secs(3))),
+            deadline(&parts(&grpc), Some(secs(3))),
             (Some(now + secs(2)), true)
         );
         // Not gRPC: its `grpc-timeout` is not the call's.
         let http = [("content-type", "application/json"), ("grpc-timeout", "1S")];
-        assert_eq!(deadline_of(&parts(&http), None), (None, false));
+        assert_eq!(deadline(&parts(&http), None), (None, false));
         assert_eq!(
-            deadline_of(&parts(&http), Some(secs(5))),
+            deadline(&parts(&http), Some(secs(5))),
             (Some(now + secs(5)), false)
         );
         let mut with_extension = parts(&grpc);
@@ -374,9 +376,9 @@ mod tests {
             .extensions_mut()
             .insert(Deadline::at_instant(now + Duration::from_millis(500)));
         assert_eq!(
-            deadline_of(&with_extension, Some(secs(1))),
+            deadline(&with_extension, Some(secs(1))),
             (Some(now + Duration::from_millis(500)), false)
         );
-        assert_eq!(deadline_of(&parts(&[]), None), (None, false));
+        assert_eq!(deadline(&parts(&[]), None), (None, false));
     }
 }
