@@ -10,6 +10,7 @@
 #![allow(dead_code)]
 
 pub mod clock;
+pub mod counting;
 
 use std::convert::Infallible;
 use std::future::{Future, Ready, ready};
