@@ -254,7 +254,7 @@ pub trait Visit {
 }
 
 /// The names of the variants, in the order [`each_variant`] visits them.
-pub const VARIANTS: [&str; 9] = [
+pub const VARIANTS: [&str; 10] = [
     "bare",
     "tower_retry",
     "tower_retry+tps_budget",
@@ -263,6 +263,7 @@ pub const VARIANTS: [&str; 9] = [
     "resilience_hedge",
     "ours_retry_policy",
     "ours_retry_no_policy",
+    "ours_retry_no_policy_passthrough",
     "ours_hedge_policy",
 ];
 
@@ -350,12 +351,23 @@ where
         RetryLayer::new(policies).layer(downstream.clone()),
     );
 
-    // A table with a policy for another method: the lookup misses and the call passes through.
+    // A table with a policy for another method: the lookup misses, and the call keeps a copy
+    // of its request for A6's transparent retries.
     let policies = Policies::builder()
         .method("test.echo.Echo/Other", our_retry_policy())
         .build();
     visitor.visit(
         "ours_retry_no_policy",
+        RetryLayer::new(policies).layer(downstream.clone()),
+    );
+
+    // The same with transparent retries off for calls without a policy: they pass through.
+    let policies = Policies::builder()
+        .method("test.echo.Echo/Other", our_retry_policy())
+        .transparent_retries(false)
+        .build();
+    visitor.visit(
+        "ours_retry_no_policy_passthrough",
         RetryLayer::new(policies).layer(downstream.clone()),
     );
 

@@ -3,9 +3,9 @@
 use std::fmt;
 use std::sync::Arc;
 
+use super::{BoxError, Overflow};
 #[cfg(doc)]
 use super::{BufferLimits, ReplayBody};
-use super::{BoxError, Overflow};
 
 /// The most bytes of a source error's message that [`NotReplayable`] keeps.
 pub(super) const MAX_SOURCE_MESSAGE: usize = 1024;

@@ -124,6 +124,7 @@ struct Table {
     max_pushback: Duration,
     /// `None`: on once a `balance::Balance` has been made in the process.
     track_backends: Option<bool>,
+    transparent_retries: bool,
     stats: Stats,
     /// A retry layer was made from this table: a hedge layer above it leaves the calls it
     /// does not hedge to it (transparent retries, the throttle's credit).
@@ -167,6 +168,7 @@ impl Policies {
             max_attempts_cap: DEFAULT_MAX_ATTEMPTS_CAP,
             max_pushback: DEFAULT_MAX_PUSHBACK,
             track_backends: None,
+            transparent_retries: true,
         }
     }
 
@@ -279,6 +281,12 @@ impl Policies {
         self.0.track_backends.unwrap_or_else(balancer_in_use)
     }
 
+    /// Whether calls without a policy get A6's transparent retries (see
+    /// [`PoliciesBuilder::transparent_retries`]).
+    pub fn transparent_retries(&self) -> bool {
+        self.0.transparent_retries
+    }
+
     /// The statistics of every method.
     pub fn stats(&self) -> &Stats {
         &self.0.stats
@@ -307,6 +315,7 @@ pub struct PoliciesBuilder {
     buffer_limits: BufferLimits,
     max_attempts_cap: u32,
     track_backends: Option<bool>,
+    transparent_retries: bool,
 }
 
 impl fmt::Debug for PoliciesBuilder {
@@ -416,6 +425,27 @@ impl PoliciesBuilder {
         self
     }
 
+    /// Whether calls without a policy get A6's transparent retries (default `true`).
+    ///
+    /// gRFC A6 resends an attempt that never left the client "regardless of the retry
+    /// configuration", so by default every call through a layer keeps a copy of its request
+    /// for that, which a call with a policy keeps anyway. For a call without a policy, that copy
+    /// is most of what the layer costs (see BENCHMARKS.md, "Overhead"). `false` lets such a
+    /// call pass straight to the service below, as if the layer were not there, unless the
+    /// table has a throttle, which A6 credits with every call's success. Calls with a policy
+    /// keep their transparent retries either way.
+    ///
+    /// ```
+    /// use tower_retry_hedge::Policies;
+    ///
+    /// let policies = Policies::builder().transparent_retries(false).build();
+    /// assert!(!policies.transparent_retries());
+    /// ```
+    pub fn transparent_retries(mut self, enabled: bool) -> Self {
+        self.transparent_retries = enabled;
+        self
+    }
+
     /// Builds the table.
     pub fn build(self) -> Policies {
         Policies(Arc::new(Table {
@@ -428,6 +458,7 @@ impl PoliciesBuilder {
             max_attempts_cap: self.max_attempts_cap,
             max_pushback: self.max_pushback,
             track_backends: self.track_backends,
+            transparent_retries: self.transparent_retries,
             stats: Stats::default(),
             retry_layer: AtomicBool::new(false),
         }))
