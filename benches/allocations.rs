@@ -16,10 +16,7 @@
 
 mod support;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::{Cell, RefCell};
 use std::hint::black_box;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
 use std::convert::Infallible;
 use std::future::{Ready, ready};
@@ -31,61 +28,13 @@ use http::{Request, Response};
 use http_body::Body;
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
+use support::counting::{self, interesting};
 use support::{Req, Res, Shape, Visit};
 use tower::{Layer, Service};
 use tower_retry_hedge::{BoxError, Policies, RetryLayer};
 
-/// Counts every allocation and reallocation, and can record where each one comes from.
-struct Counting;
-
-static ALLOCS: AtomicU64 = AtomicU64::new(0);
-static BYTES: AtomicU64 = AtomicU64::new(0);
-static TRACING: AtomicBool = AtomicBool::new(false);
-
-thread_local! {
-    // Set while recording a backtrace, whose own allocations must not be traced.
-    static IN_TRACE: Cell<bool> = const { Cell::new(false) };
-    static TRACES: RefCell<Vec<(usize, String)>> = const { RefCell::new(Vec::new()) };
-}
-
-fn record(size: usize) {
-    ALLOCS.fetch_add(1, Relaxed);
-    BYTES.fetch_add(size as u64, Relaxed);
-    if TRACING.load(Relaxed) && !IN_TRACE.with(|t| t.replace(true)) {
-        let trace = std::backtrace::Backtrace::force_capture().to_string();
-        TRACES.with(|traces| traces.borrow_mut().push((size, trace)));
-        IN_TRACE.with(|t| t.set(false));
-    }
-}
-
-// SAFETY: every method forwards to `System` with the caller's arguments unchanged.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        record(layout.size());
-        // SAFETY: forwarded as given.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        record(layout.size());
-        // SAFETY: forwarded as given.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        record(new_size);
-        // SAFETY: forwarded as given.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: forwarded as given.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: support::counting::Counting = support::counting::Counting;
 
 const WARM_UP: u64 = 1_000;
 const CALLS: u64 = 10_000;
@@ -122,24 +71,22 @@ where
     for _ in 0..WARM_UP {
         one(service);
     }
-    let (allocs, bytes) = (ALLOCS.load(Relaxed), BYTES.load(Relaxed));
+    let (allocs, bytes) = (counting::allocations(), counting::bytes());
     for _ in 0..CALLS {
         one(service);
     }
-    let allocs = ALLOCS.load(Relaxed) - allocs;
-    let bytes = BYTES.load(Relaxed) - bytes;
+    let allocs = counting::allocations() - allocs;
+    let bytes = counting::bytes() - bytes;
 
     if let Some(title) = trace {
-        TRACING.store(true, Relaxed);
-        one(service);
-        TRACING.store(false, Relaxed);
-        let traces = TRACES.with(|traces| std::mem::take(&mut *traces.borrow_mut()));
+        let ((), traces) = counting::traced(|| one(service));
         println!("\n## {} allocations of one call: {title}\n", traces.len());
-        for (i, (size, trace)) in traces.iter().enumerate() {
+        for (i, traced) in traces.iter().enumerate() {
             println!(
-                "### allocation {} ({size} bytes)\n{}",
+                "### allocation {} ({} bytes)\n{}",
                 i + 1,
-                interesting(trace)
+                traced.size,
+                interesting(&traced.trace)
             );
         }
     }
@@ -253,40 +200,6 @@ fn streaming(trace: Option<&str>) {
         fmt(ours_allocs - bare_allocs).parse::<f64>().unwrap_or(0.0),
         fmt(ours_bytes)
     );
-}
-
-/// The frames of a backtrace worth reading: drops the allocator's own and the runtime's.
-fn interesting(trace: &str) -> String {
-    let mut out = String::new();
-    for line in trace.lines() {
-        let line = line.trim();
-        let Some((_, symbol)) = line.split_once(": ") else {
-            // "at file:line" lines follow the symbol they belong to.
-            if line.starts_with("at ") && !out.is_empty() {
-                out.push_str("      ");
-                out.push_str(line);
-                out.push('\n');
-            }
-            continue;
-        };
-        let skip = [
-            "std::backtrace",
-            "allocations::record",
-            "<allocations::Counting",
-            "__rust",
-            "alloc::alloc::",
-        ];
-        if skip.iter().any(|s| symbol.starts_with(s)) {
-            continue;
-        }
-        if symbol.starts_with("tokio::runtime::") || symbol.starts_with("allocations::main") {
-            break;
-        }
-        out.push_str("  ");
-        out.push_str(symbol);
-        out.push('\n');
-    }
-    out
 }
 
 fn main() {

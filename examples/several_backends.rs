@@ -9,7 +9,8 @@
 //! - `ours, no record`: this crate's `balance::Balance` over endpoints whose load is their
 //!   requests in flight (tower's `PendingRequests`), without the call's `TriedBackends`: power
 //!   of two choices on load, as tower's balancer does;
-//! - `ours`: the same with the record: each attempt goes to a backend its call has not tried.
+//! - `ours`: the same with the record (the policy table's default once a `Balance` exists):
+//!   each attempt goes to a backend its call has not tried.
 //!
 //! Two runs:
 //!
@@ -33,8 +34,6 @@
 
 #[path = "support/common.rs"]
 mod common;
-#[path = "support/track_backends.rs"]
-mod track_backends;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -54,10 +53,10 @@ use tower::{BoxError, Layer, Service, ServiceExt};
 use tower_retry_hedge::backoff::Exponential;
 use tower_retry_hedge::balance::Balance;
 use tower_retry_hedge::classify::{Code, GrpcCodes};
+use tower_retry_hedge::policy::PoliciesBuilder;
 use tower_retry_hedge::{HedgeLayer, HedgePolicy, Policies, RetryLayer, RetryPolicy};
 
 use common::{Cli, Req, Res, SERVICE, Seeded, grpc_request, paused_runtime, print_table, quantile};
-use track_backends::track_backends;
 
 const FAST_MS: f64 = 1.0;
 const FAST_JITTER: f64 = 0.2;
@@ -207,7 +206,13 @@ impl Balancer {
         }
     }
 
-    /// `layer` over this balancer, with the call's record when this is `Ours`.
+    /// A policy table that keeps the call's record when this is `Ours`. Left unset, the switch
+    /// would be on for every balancer here, since this process makes `Balance`s.
+    fn policies(self) -> PoliciesBuilder {
+        Policies::builder().track_backends(self == Balancer::Ours)
+    }
+
+    /// `layer` over this balancer.
     fn client<L>(
         self,
         layer: L,
@@ -219,12 +224,7 @@ impl Balancer {
         L::Service: Service<Req, Response = Res, Error = BoxError> + Clone + Send + 'static,
         <L::Service as Service<Req>>::Future: Send,
     {
-        let layered = layer.layer(self.over(backends, seed));
-        if self == Balancer::Ours {
-            BoxCloneService::new(track_backends(layered))
-        } else {
-            BoxCloneService::new(layered)
-        }
+        BoxCloneService::new(layer.layer(self.over(backends, seed)))
     }
 }
 
@@ -307,7 +307,7 @@ async fn hedge_rows(calls: usize, seed: u64, scale: Scale) -> Result<Vec<Vec<Str
                     .max_attempts(max_attempts)
                     .delay(scale.clock(HEDGE_DELAY_MS))
                     .build()?;
-                let layer = HedgeLayer::new(Policies::builder().service(SERVICE, policy).build());
+                let layer = HedgeLayer::new(balancer.policies().service(SERVICE, policy).build());
                 balancer.client(layer, &backends, seed)
             };
             let outcome = run(client, calls, scale).await?;
@@ -358,7 +358,7 @@ async fn retry_rows(calls: usize, seed: u64, scale: Scale) -> Result<Vec<Vec<Str
             .backoff(Seeded::new(backoff, seed))
             .retryable(GrpcCodes::from([Code::Unavailable]))
             .build()?;
-        let layer = RetryLayer::new(Policies::builder().service(SERVICE, policy).build());
+        let layer = RetryLayer::new(balancer.policies().service(SERVICE, policy).build());
         let client = balancer.client(layer, &backends, seed);
         let outcome = run(client, calls, scale).await?;
         let per_10k = outcome.failed as f64 * 10_000.0 / calls as f64;

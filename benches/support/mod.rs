@@ -10,6 +10,7 @@
 #![allow(dead_code)]
 
 pub mod clock;
+pub mod counting;
 
 use std::convert::Infallible;
 use std::future::{Future, Ready, ready};
@@ -232,7 +233,8 @@ pub fn our_retry_policy() -> RetryPolicy {
         .expect("valid retry policy")
 }
 
-fn our_hedge_policy() -> HedgePolicy {
+/// The hedge policy of the `ours_hedge_policy` variant.
+pub fn our_hedge_policy() -> HedgePolicy {
     // Large enough that no hedge fires: the echo answers on the first poll.
     HedgePolicy::builder()
         .max_attempts(3)
@@ -252,7 +254,7 @@ pub trait Visit {
 }
 
 /// The names of the variants, in the order [`each_variant`] visits them.
-pub const VARIANTS: [&str; 9] = [
+pub const VARIANTS: [&str; 10] = [
     "bare",
     "tower_retry",
     "tower_retry+tps_budget",
@@ -261,16 +263,34 @@ pub const VARIANTS: [&str; 9] = [
     "resilience_hedge",
     "ours_retry_policy",
     "ours_retry_no_policy",
+    "ours_retry_no_policy_passthrough",
     "ours_hedge_policy",
 ];
 
-/// Builds every variant afresh (no state carried between shapes) and hands it to `visitor`.
+/// Builds every variant around [`Echo`] afresh (no state carried between shapes) and hands
+/// it to `visitor`.
 pub fn each_variant(visitor: &mut impl Visit) {
-    visitor.visit("bare", Echo);
+    each_variant_over(Echo, visitor);
+}
+
+/// Builds every variant afresh around a clone of `downstream` and hands it to `visitor`;
+/// `bare` is `downstream` itself.
+pub fn each_variant_over<D>(downstream: D, visitor: &mut impl Visit)
+where
+    D: Service<Req, Response = Res, Error = Infallible>
+        + Service<CloneRequest, Response = Res, Error = Infallible>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    <D as Service<Req>>::Future: Send + 'static,
+    <D as Service<CloneRequest>>::Future: Send + 'static,
+{
+    visitor.visit("bare", downstream.clone());
 
     visitor.visit(
         "tower_retry",
-        tower::retry::Retry::new(CloningPolicy { attempts_left: 3 }, Echo),
+        tower::retry::Retry::new(CloningPolicy { attempts_left: 3 }, downstream.clone()),
     );
 
     let budget = tower::retry::budget::TpsBudget::new(Duration::from_secs(10), 10, 0.2);
@@ -281,15 +301,22 @@ pub fn each_variant(visitor: &mut impl Visit) {
                 budget: Arc::new(budget),
                 attempts_left: 3,
             },
-            Echo,
+            downstream.clone(),
         ),
     );
 
     // Hedges once 10 latencies are recorded, at their 90th percentile; the echo answers on
-    // the first poll, before the hedge is polled, so none is sent.
+    // the first poll, before the hedge is polled, and a downstream that never answers records
+    // no latency, so none is sent.
     visitor.visit(
         "tower_hedge",
-        tower::hedge::Hedge::new::<Req>(Echo, HedgeAll, 10, 0.9, Duration::from_secs(10)),
+        tower::hedge::Hedge::new::<Req>(
+            downstream.clone(),
+            HedgeAll,
+            10,
+            0.9,
+            Duration::from_secs(10),
+        ),
     );
 
     let resilience_retry =
@@ -301,7 +328,7 @@ pub fn each_variant(visitor: &mut impl Visit) {
     visitor.visit(
         "resilience_retry",
         resilience_retry
-            .layer(Echo)
+            .layer(downstream.clone())
             .map_request(CloneRequest as fn(Req) -> CloneRequest),
     );
 
@@ -312,28 +339,45 @@ pub fn each_variant(visitor: &mut impl Visit) {
     visitor.visit(
         "resilience_hedge",
         resilience_hedge
-            .layer(Echo)
+            .layer(downstream.clone())
             .map_request(CloneRequest as fn(Req) -> CloneRequest),
     );
 
     let policies = Policies::builder()
         .method(METHOD, our_retry_policy())
         .build();
-    visitor.visit("ours_retry_policy", RetryLayer::new(policies).layer(Echo));
+    visitor.visit(
+        "ours_retry_policy",
+        RetryLayer::new(policies).layer(downstream.clone()),
+    );
 
-    // A table with a policy for another method: the lookup misses and the call passes through.
+    // A table with a policy for another method: the lookup misses, and the call keeps a copy
+    // of its request for A6's transparent retries.
     let policies = Policies::builder()
         .method("test.echo.Echo/Other", our_retry_policy())
         .build();
     visitor.visit(
         "ours_retry_no_policy",
-        RetryLayer::new(policies).layer(Echo),
+        RetryLayer::new(policies).layer(downstream.clone()),
+    );
+
+    // The same with transparent retries off for calls without a policy: they pass through.
+    let policies = Policies::builder()
+        .method("test.echo.Echo/Other", our_retry_policy())
+        .transparent_retries(false)
+        .build();
+    visitor.visit(
+        "ours_retry_no_policy_passthrough",
+        RetryLayer::new(policies).layer(downstream.clone()),
     );
 
     let policies = Policies::builder()
         .method(METHOD, our_hedge_policy())
         .build();
-    visitor.visit("ours_hedge_policy", HedgeLayer::new(policies).layer(Echo));
+    visitor.visit(
+        "ours_hedge_policy",
+        HedgeLayer::new(policies).layer(downstream),
+    );
 }
 
 /// One call: waits for the service to be ready, then calls it.

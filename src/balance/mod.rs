@@ -33,10 +33,13 @@
 //!
 //! # Turning the record on
 //!
-//! The layers copy a request's extensions to every attempt of its call, and clones of a
-//! [`TriedBackends`] share one list. A hedge policy adds the record to each hedged call with
-//! [`track_backends`](crate::policy::HedgePolicyBuilder::track_backends); for any call, insert
-//! a fresh `TriedBackends::default()` into the request above the layers:
+//! Nothing to do: once a `Balance` exists in the process, every call through a retry or hedge
+//! layer whose table leaves
+//! [`track_backends`](crate::policy::PoliciesBuilder::track_backends) unset keeps a
+//! [`TriedBackends`] record that its attempts share (the layers copy a request's extensions to
+//! every attempt, and clones of a record share one list). `track_backends(false)` turns it off
+//! for a table; `track_backends(true)` turns it on without this balancer, for another that reads
+//! the record. A request above the layers may also bring its own record:
 //!
 //! ```
 //! use tower_retry_hedge::metadata::TriedBackends;
@@ -45,7 +48,6 @@
 //!     request.extensions_mut().insert(TriedBackends::default());
 //!     request
 //! }
-//! // ServiceBuilder::new().map_request(with_tried_backends).layer(retry).service(balanced)
 //! # let _ = with_tried_backends(http::Request::new(()));
 //! ```
 //!
@@ -169,6 +171,7 @@ use std::fmt;
 use std::future::Future;
 use std::hash::Hash;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 
 use rand::SeedableRng;
@@ -180,6 +183,17 @@ use tower_service::Service;
 
 use crate::BoxError;
 use crate::metadata::{BackendId, TriedBackends};
+
+/// Set when the first balancer is made: from then on, the policy tables whose
+/// `track_backends` is left unset give every call its record. A flag for the process, not for
+/// one stack, because the layers above cannot see what service is below them; a call through
+/// some other service only carries a record it does not need.
+static BALANCER_MADE: AtomicBool = AtomicBool::new(false);
+
+/// Whether a [`Balance`] has been made in this process.
+pub(crate) fn made() -> bool {
+    BALANCER_MADE.load(Ordering::Relaxed)
+}
 
 /// Balances requests over the endpoints of a [`Discover`]: power of two choices on load,
 /// among the endpoints the request's call has not tried yet (see the [module docs](self)).
@@ -216,6 +230,7 @@ where
     }
 
     fn from_rng(discover: D, rng: SmallRng) -> Self {
+        BALANCER_MADE.store(true, Ordering::Relaxed);
         Balance {
             discover,
             discover_ended: false,

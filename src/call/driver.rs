@@ -118,8 +118,9 @@ pin_project! {
         shared: Arc<Shared<S>>,
         call: Call<B>,
         engine: Engine,
-        // The last failure kept, returned if nothing better comes.
-        last: Option<Result<S::Response, BoxError>>,
+        // The last failure kept, returned if nothing better comes. Boxed: only a call that
+        // failed once keeps one, and the response type is large to carry in every call.
+        last: Option<Box<Result<S::Response, BoxError>>>,
         stats: StatsHandle,
         span: tracing::Span,
     }
@@ -402,14 +403,17 @@ where
                                 });
                                 this.others.retain(|a| a.id != id);
                             }
-                            *this.last = Some(Err(attempt_timed_out(this.engine.grpc())));
+                            *this.last = Some(Box::new(Err(attempt_timed_out(this.engine.grpc()))));
                         }
                     }
                     changed = true;
                 }
                 Action::ReturnLast => {
                     let attempts = this.engine.attempts();
-                    let last = this.last.take().unwrap_or_else(|| Err(no_result()));
+                    let last = this
+                        .last
+                        .take()
+                        .map_or_else(|| Err(no_result()), |last| *last);
                     return Step::Done(finish(last, attempts, this.engine.grpc()));
                 }
                 Action::DeadlineExceeded => {
@@ -523,7 +527,7 @@ where
             Some(finish(result, this.engine.attempts(), this.engine.grpc()))
         }
         Verdict::Keep => {
-            *this.last = Some(result);
+            *this.last = Some(Box::new(result));
             None
         }
         Verdict::Drop => None,

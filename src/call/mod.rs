@@ -32,15 +32,16 @@ fn is_grpc_content_type(value: Option<&HeaderValue>) -> bool {
     })
 }
 
-/// The call's deadline: the earliest of the request's `grpc-timeout` (gRPC calls), the
-/// method's `timeout` and a [`Deadline`] extension; `None` when none is set. Also tells
+/// The call's deadline: the earliest of the request's `grpc-timeout` (for a `grpc` call),
+/// the method's `timeout` and a [`Deadline`] extension; `None` when none is set. Also tells
 /// whether the request's own `grpc-timeout` is that deadline. The clock is read only when a
 /// timeout is set.
 pub(crate) fn deadline_of<B>(
     request: &Request<B>,
+    grpc: bool,
     timeout: Option<Duration>,
 ) -> (Option<Instant>, bool) {
-    let header = if is_grpc(request) {
+    let header = if grpc {
         grpc_timeout::from_headers(request.headers())
     } else {
         None
@@ -91,7 +92,7 @@ where
     } = plan;
     let policies = &shared.policies;
     let grpc = is_grpc(&request);
-    let (deadline, from_header) = deadline_of(&request, timeout);
+    let (deadline, from_header) = deadline_of(&request, grpc, timeout);
     let mut request = request;
     if grpc
         && !from_header
@@ -190,8 +191,6 @@ pub(crate) struct Call<B: Replay> {
     body: Body<B>,
     /// A gRPC call: its attempts carry A6's headers.
     grpc: bool,
-    /// With backend tracking, the attempts share the list of backends used.
-    tried: Option<TriedBackends>,
 }
 
 impl<B: Replay> Call<B> {
@@ -212,15 +211,14 @@ impl<B: Replay> Call<B> {
             }
             Err(original) => (Body::Spent, original, 0),
         };
-        let tried = track_backends.then(TriedBackends::default);
-        if let Some(tried) = &tried {
-            parts.extensions.insert(tried.clone());
+        // A record the request brings is kept; the copies of the parts share it.
+        if track_backends && parts.extensions.get::<TriedBackends>().is_none() {
+            parts.extensions.insert(TriedBackends::default());
         }
         let call = Call {
             head: Head::of(&parts),
             body,
             grpc,
-            tried,
         };
         (call, Request::from_parts(parts, first), reader)
     }
@@ -313,9 +311,6 @@ impl<B: Replay> Call<B> {
             number: sent + 1,
             hedge: send.hedge,
         });
-        if let Some(tried) = &self.tried {
-            extensions.insert(tried.clone());
-        }
         Some((request, reader))
     }
 }
@@ -370,28 +365,29 @@ mod tests {
         request
     }
 
+    fn deadline(request: &Request<()>, timeout: Option<Duration>) -> (Option<Instant>, bool) {
+        deadline_of(request, is_grpc(request), timeout)
+    }
+
     #[tokio::test(start_paused = true)]
     async fn the_deadline_is_the_earliest_of_header_timeout_and_extension() {
         let grpc = [("content-type", "application/grpc"), ("grpc-timeout", "2S")];
         let now = Instant::now();
         let secs = Duration::from_secs;
+        assert_eq!(deadline(&parts(&grpc), None), (Some(now + secs(2)), true));
         assert_eq!(
-            deadline_of(&parts(&grpc), None),
-            (Some(now + secs(2)), true)
-        );
-        assert_eq!(
-            deadline_of(&parts(&grpc), Some(secs(1))),
+            deadline(&parts(&grpc), Some(secs(1))),
             (Some(now + secs(1)), false)
         );
         assert_eq!(
-            deadline_of(&parts(&grpc), Some(secs(3))),
+            deadline(&parts(&grpc), Some(secs(3))),
             (Some(now + secs(2)), true)
         );
         // Not gRPC: its `grpc-timeout` is not the call's.
         let http = [("content-type", "application/json"), ("grpc-timeout", "1S")];
-        assert_eq!(deadline_of(&parts(&http), None), (None, false));
+        assert_eq!(deadline(&parts(&http), None), (None, false));
         assert_eq!(
-            deadline_of(&parts(&http), Some(secs(5))),
+            deadline(&parts(&http), Some(secs(5))),
             (Some(now + secs(5)), false)
         );
         let mut with_extension = parts(&grpc);
@@ -399,9 +395,9 @@ mod tests {
             .extensions_mut()
             .insert(Deadline::at_instant(now + Duration::from_millis(500)));
         assert_eq!(
-            deadline_of(&with_extension, Some(secs(1))),
+            deadline(&with_extension, Some(secs(1))),
             (Some(now + Duration::from_millis(500)), false)
         );
-        assert_eq!(deadline_of(&parts(&[]), None), (None, false));
+        assert_eq!(deadline(&parts(&[]), None), (None, false));
     }
 }

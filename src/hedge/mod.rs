@@ -175,6 +175,9 @@ where
             }
             None => {
                 let throttle = self.policies.throttle_for(&request);
+                if throttle.is_none() && !self.policies.transparent_retries() {
+                    return self.passthrough(request);
+                }
                 (Mode::Single, None, None, throttle)
             }
         };

@@ -82,6 +82,14 @@ impl Route {
     }
 }
 
+/// Whether the crate's balancer is in use in this process.
+fn balancer_in_use() -> bool {
+    #[cfg(feature = "balance")]
+    return crate::balance::made();
+    #[cfg(not(feature = "balance"))]
+    false
+}
+
 /// The throttle a call counts against: the table's shared one, or its authority's. Neither
 /// allocates per call (a registry keeps each authority's throttle in an `Arc`).
 pub(crate) type ThrottleHandle = Arc<dyn RetryThrottle>;
@@ -116,7 +124,9 @@ struct Table {
     buffer_limits: BufferLimits,
     max_attempts_cap: u32,
     max_pushback: Duration,
-    track_backends: bool,
+    /// `None`: on once a `balance::Balance` has been made in the process.
+    track_backends: Option<bool>,
+    transparent_retries: bool,
     stats: Stats,
     #[cfg(feature = "opentelemetry")]
     metrics: Option<crate::telemetry::RetryMetrics>,
@@ -161,7 +171,8 @@ impl Policies {
             buffer_limits: BufferLimits::default(),
             max_attempts_cap: DEFAULT_MAX_ATTEMPTS_CAP,
             max_pushback: DEFAULT_MAX_PUSHBACK,
-            track_backends: false,
+            track_backends: None,
+            transparent_retries: true,
             #[cfg(feature = "opentelemetry")]
             metrics: None,
         }
@@ -303,9 +314,17 @@ impl Policies {
     }
 
     /// Whether every call keeps a [`TriedBackends`](crate::metadata::TriedBackends) record
-    /// for the balancer below the layers.
+    /// for the balancer below the layers: as
+    /// [`PoliciesBuilder::track_backends`] set it, else whether a `balance::Balance` has been
+    /// made in this process (never, without the `balance` feature).
     pub fn track_backends(&self) -> bool {
-        self.0.track_backends
+        self.0.track_backends.unwrap_or_else(balancer_in_use)
+    }
+
+    /// Whether calls without a policy get A6's transparent retries (see
+    /// [`PoliciesBuilder::transparent_retries`]).
+    pub fn transparent_retries(&self) -> bool {
+        self.0.transparent_retries
     }
 
     /// The statistics of every method.
@@ -341,7 +360,8 @@ pub struct PoliciesBuilder {
     throttle: ThrottleChoice,
     buffer_limits: BufferLimits,
     max_attempts_cap: u32,
-    track_backends: bool,
+    track_backends: Option<bool>,
+    transparent_retries: bool,
     #[cfg(feature = "opentelemetry")]
     metrics: Option<crate::telemetry::RetryMetrics>,
 }
@@ -441,10 +461,36 @@ impl PoliciesBuilder {
     /// [`TriedBackends`](crate::metadata::TriedBackends) record, in which a load balancer
     /// below the layers notes the backend it picked, so that a call's retries and hedges
     /// go to backends it has not tried (A6: "hedged requests should be sent to distinct
-    /// backends"). Off by default: it costs an allocation per call, worth it only when a
-    /// balancer reads it.
+    /// backends").
+    ///
+    /// Left unset, the record is kept once the process has made a `balance::Balance` (the
+    /// crate's balancer, feature `balance`, which `BalancedChannel` is built on), and not
+    /// before: it costs an allocation per call, worth it only when a balancer reads it.
+    /// `true` keeps it for another balancer that reads
+    /// [`TriedBackends`](crate::metadata::TriedBackends); `false` never keeps it.
     pub fn track_backends(mut self, enabled: bool) -> Self {
-        self.track_backends = enabled;
+        self.track_backends = Some(enabled);
+        self
+    }
+
+    /// Whether calls without a policy get A6's transparent retries (default `true`).
+    ///
+    /// gRFC A6 resends an attempt that never left the client "regardless of the retry
+    /// configuration", so by default every call through a layer keeps a copy of its request
+    /// for that, which a call with a policy keeps anyway. For a call without a policy, that copy
+    /// is most of what the layer costs (see BENCHMARKS.md, "Overhead"). `false` lets such a
+    /// call pass straight to the service below, as if the layer were not there, unless the
+    /// table has a throttle, which A6 credits with every call's success. Calls with a policy
+    /// keep their transparent retries either way.
+    ///
+    /// ```
+    /// use tower_retry_hedge::Policies;
+    ///
+    /// let policies = Policies::builder().transparent_retries(false).build();
+    /// assert!(!policies.transparent_retries());
+    /// ```
+    pub fn transparent_retries(mut self, enabled: bool) -> Self {
+        self.transparent_retries = enabled;
         self
     }
 
@@ -485,6 +531,7 @@ impl PoliciesBuilder {
             max_attempts_cap: self.max_attempts_cap,
             max_pushback: self.max_pushback,
             track_backends: self.track_backends,
+            transparent_retries: self.transparent_retries,
             stats: Stats::default(),
             #[cfg(feature = "opentelemetry")]
             metrics: self.metrics,

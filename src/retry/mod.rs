@@ -223,6 +223,9 @@ where
             // the throttle, as A6 counts every outgoing call.
             None => {
                 let throttle = self.policies.throttle_for(&request);
+                if throttle.is_none() && !self.policies.transparent_retries() {
+                    return ResponseFuture::new(CallFuture::passthrough(self.inner.call(request)));
+                }
                 (Mode::Single, None, None, throttle)
             }
         };

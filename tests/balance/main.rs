@@ -3,9 +3,6 @@
 //! the retry and hedge layers on the paused clock. (`tests/balance_network` runs it over real
 //! tonic servers.)
 
-#[path = "../../examples/support/track_backends.rs"]
-mod track_backends;
-
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
@@ -30,8 +27,6 @@ use tower_retry_hedge::classify::{Code, GrpcCodes};
 use tower_retry_hedge::metadata::{BackendId, TriedBackends};
 use tower_retry_hedge::{HedgeLayer, HedgePolicy, Policies, RetryLayer, RetryPolicy};
 use tower_test::mock::{self, Handle, SendResponse, Spawn};
-
-use track_backends::track_backends;
 
 type Req = http::Request<Full<Bytes>>;
 type Res = http::Response<()>;
@@ -448,8 +443,8 @@ fn repeats(call: &[&'static str]) -> bool {
 
 /// 300 calls one after another through the retry layer (3 attempts, 1 ms backoff) over a
 /// balancer of three backends, one of which always answers UNAVAILABLE; how many failed, and
-/// what each call's attempts reached.
-async fn retry_over_one_dead_backend(record: bool) -> (usize, Vec<Vec<&'static str>>) {
+/// what each call's attempts reached. `record: None` leaves the table's switch at its default.
+async fn retry_over_one_dead_backend(record: Option<bool>) -> (usize, Vec<Vec<&'static str>>) {
     let arrivals = Arrivals::default();
     let balanced = balanced(vec![
         ("dead", counted(backend("dead", "14", ms(1), &arrivals))),
@@ -462,15 +457,17 @@ async fn retry_over_one_dead_backend(record: bool) -> (usize, Vec<Vec<&'static s
         .retryable(GrpcCodes::from([Code::Unavailable]))
         .build()
         .expect("valid policy");
-    let retry = RetryLayer::new(Policies::builder().service(SERVICE, policy).build());
-    let service = retry.layer(balanced);
+    let mut policies = Policies::builder().service(SERVICE, policy);
+    if let Some(record) = record {
+        policies = policies.track_backends(record);
+    }
+    let policies = policies.build();
+    // The balancer was made above: the default turns the record on.
+    assert_eq!(policies.track_backends(), record.unwrap_or(true));
+    let service = RetryLayer::new(policies).layer(balanced);
     let mut failed = 0;
     for _ in 0..300 {
-        let response = if record {
-            track_backends(service.clone()).oneshot(request(None)).await
-        } else {
-            service.clone().oneshot(request(None)).await
-        };
+        let response = service.clone().oneshot(request(None)).await;
         let response = response.expect("the backends answer");
         if response.headers()["grpc-status"] != "0" {
             failed += 1;
@@ -481,7 +478,8 @@ async fn retry_over_one_dead_backend(record: bool) -> (usize, Vec<Vec<&'static s
 
 #[tokio::test(start_paused = true)]
 async fn retries_never_return_to_a_backend_the_call_tried() {
-    let (failed, calls) = retry_over_one_dead_backend(true).await;
+    // No switch set: the balancer's presence turns the record on.
+    let (failed, calls) = retry_over_one_dead_backend(None).await;
     assert_eq!(failed, 0);
     assert_eq!(calls.len(), 300);
     assert!(calls.iter().all(|call| !repeats(call)), "{calls:?}");
@@ -494,7 +492,7 @@ async fn retries_never_return_to_a_backend_the_call_tried() {
 
 #[tokio::test(start_paused = true)]
 async fn without_the_record_retries_can_land_on_the_dead_backend_again() {
-    let (failed, calls) = retry_over_one_dead_backend(false).await;
+    let (failed, calls) = retry_over_one_dead_backend(Some(false)).await;
     // One call in 27 sends its three attempts to the dead backend (the loads are equal
     // between sequential calls): about 11 of 300, and the seeded draws give some.
     assert!(failed > 0, "no call failed");

@@ -682,3 +682,38 @@ async fn route_statistics_are_kept_under_the_route_not_each_path() {
     assert_eq!(snapshot.methods.len(), 1, "{snapshot:?}");
     assert_eq!(snapshot.methods["/api"].retry_attempts, 50);
 }
+
+#[tokio::test]
+async fn no_record_of_tried_backends_without_a_balancer_or_the_switch() {
+    // No `balance::Balance` is made in this test binary.
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let recorder = {
+        let seen = Arc::clone(&seen);
+        tower::service_fn(move |request: Req| {
+            let tried = request
+                .extensions()
+                .get::<tower_retry_hedge::metadata::TriedBackends>()
+                .is_some();
+            seen.lock().unwrap().push(tried);
+            async {
+                Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(Bytes::new())))
+            }
+        })
+    };
+    for switch in [None, Some(true)] {
+        let mut policies =
+            Policies::builder().route(Route::prefix("/"), http_policy().build().unwrap());
+        if let Some(on) = switch {
+            policies = policies.track_backends(on);
+        }
+        let policies = policies.build();
+        assert_eq!(policies.track_backends(), switch == Some(true));
+        let request = Request::get("/x").body(Full::new(Bytes::new())).unwrap();
+        RetryLayer::new(policies)
+            .layer(recorder.clone())
+            .oneshot(request)
+            .await
+            .unwrap();
+    }
+    assert_eq!(*seen.lock().unwrap(), [false, true]);
+}

@@ -1,6 +1,6 @@
-//! A scriptable gRPC peer: the `test.echo.Echo` service served by tonic, which
-//! answers each attempt of each call as a [`Script`] says and records what it
-//! saw in a [`Recorder`].
+//! A scriptable gRPC peer: the `test.echo.Echo` and `test.echo.BidiEcho`
+//! services served by tonic, which answer each attempt of each call as a
+//! [`Script`] says and record what they saw in a [`Recorder`].
 //!
 //! ```ignore
 //! let peer = spawn_grpc(Script::new().call(0, [Action::fail(Code::Unavailable), Action::Ok])).await;
@@ -17,15 +17,16 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use tokio::net::TcpListener;
-use tokio::sync::{oneshot, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_stream::StreamExt as _;
-use tokio_stream::wrappers::TcpListenerStream;
+use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
 use tonic::metadata::{AsciiMetadataValue, MetadataMap};
 use tonic::transport::{Channel, Endpoint, Server};
 use tonic::{Code, Request, Response, Status, Streaming};
 
+use super::pb::bidi_echo_server::{BidiEcho, BidiEchoServer};
 use super::pb::echo_server::{Echo, EchoServer};
 use super::pb::{Chunk, Digest, EchoReply, EchoRequest};
 use super::{Attempt, AttemptGuard, Recorder};
@@ -44,7 +45,9 @@ pub const SERVER_STREAM_REPLIES: usize = 3;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Action {
     /// Answer: an echo of the request (`Unary`), a digest of the chunks
-    /// (`ClientStream`), or [`SERVER_STREAM_REPLIES`] echoes (`ServerStream`).
+    /// (`ClientStream`), [`SERVER_STREAM_REPLIES`] echoes (`ServerStream`), or
+    /// (`Bidi`) response headers once the first chunk has arrived, then an
+    /// echo of every chunk as it arrives, and OK when the request stream ends.
     Ok,
     /// Answer with a Trailers-Only error `code`; `pushback`, if any, is the raw
     /// `grpc-retry-pushback-ms` value sent with it.
@@ -61,9 +64,10 @@ pub enum Action {
     /// down (then it ends with UNAVAILABLE and [`Outcome::ShutDown`]).
     Hang,
     /// `ServerStream`: send response headers and one echo, then fail with this
-    /// code in the trailers, so the call is committed. `Unary` and
-    /// `ClientStream` cannot answer in two steps; for them this is a plain
-    /// [`Action::Fail`] without pushback.
+    /// code in the trailers, so the call is committed (`Bidi`: echo every
+    /// chunk as [`Action::Ok`] does, then fail). `Unary` and `ClientStream`
+    /// cannot answer in two steps; for them this is a plain [`Action::Fail`]
+    /// without pushback.
     FailAfterHeaders(Code),
     /// Answer with a Trailers-Only error `code` whose details (built with
     /// tonic-types, sent in `grpc-status-details-bin`) hold a
@@ -173,6 +177,8 @@ pub enum Method {
     ClientStream,
     /// `/test.echo.Echo/ServerStream`
     ServerStream,
+    /// `/test.echo.BidiEcho/Bidi`
+    Bidi,
 }
 
 /// What the peer sent back for an attempt.
@@ -423,6 +429,28 @@ fn answer<T>(
     }
 }
 
+/// The call a streaming request belongs to: its [`CALL_METADATA`] (absent: 0).
+fn call_of(metadata: &MetadataMap) -> Result<u32, Status> {
+    match metadata.get(CALL_METADATA) {
+        None => Ok(0),
+        Some(value) => value
+            .to_str()
+            .ok()
+            .and_then(|s| s.parse::<u32>().ok())
+            .ok_or_else(|| Status::invalid_argument("x-call must be a decimal u32")),
+    }
+}
+
+/// Adds a received chunk to what the record of a streaming attempt shows.
+fn record_chunk(guard: &AttemptGuard<AttemptRecord>, received: &mut BytesMut, chunk: &Chunk) {
+    received.extend_from_slice(&chunk.data);
+    let payload = Bytes::copy_from_slice(received);
+    guard.update(|record| {
+        record.payload = payload;
+        record.messages = record.messages.saturating_add(1);
+    });
+}
+
 fn attempt_u32(attempt: usize) -> u32 {
     u32::try_from(attempt).unwrap_or(u32::MAX)
 }
@@ -459,14 +487,7 @@ impl Echo for FaultEcho {
         request: Request<Streaming<Chunk>>,
     ) -> Result<Response<Digest>, Status> {
         let metadata = request.metadata().clone();
-        let call = match metadata.get(CALL_METADATA) {
-            None => 0,
-            Some(value) => value
-                .to_str()
-                .ok()
-                .and_then(|s| s.parse::<u32>().ok())
-                .ok_or_else(|| Status::invalid_argument("x-call must be a decimal u32"))?,
-        };
+        let call = call_of(&metadata)?;
         let mut stream = request.into_inner();
         let guard = self.begin(
             call,
@@ -482,13 +503,8 @@ impl Echo for FaultEcho {
         loop {
             match stream.message().await {
                 Ok(Some(chunk)) => {
-                    received.extend_from_slice(&chunk.data);
+                    record_chunk(&guard, &mut received, &chunk);
                     chunks = chunks.saturating_add(1);
-                    let payload = Bytes::copy_from_slice(&received);
-                    guard.update(|record| {
-                        record.payload = payload;
-                        record.messages = record.messages.saturating_add(1);
-                    });
                 }
                 Ok(None) => break,
                 // The client went away mid-stream: the guard records a cancellation.
@@ -559,6 +575,74 @@ impl Echo for FaultEcho {
             }
             Some(Action::Delay(..) | Action::Hang) => Err(Status::internal("unresolved action")),
         }
+    }
+}
+
+/// The `Bidi` response stream: the echoes, sent by the task that reads the
+/// request stream.
+pub type ChunkStream = ReceiverStream<Result<Chunk, Status>>;
+
+#[tonic::async_trait]
+impl BidiEcho for FaultEcho {
+    type BidiStream = ChunkStream;
+
+    async fn bidi(
+        &self,
+        request: Request<Streaming<Chunk>>,
+    ) -> Result<Response<ChunkStream>, Status> {
+        let metadata = request.metadata().clone();
+        let call = call_of(&metadata)?;
+        let mut stream = request.into_inner();
+        let guard = self.begin(
+            call,
+            Method::Bidi,
+            &metadata,
+            String::new(),
+            Bytes::new(),
+            0,
+        );
+        let mut received = BytesMut::new();
+        // The client went away before its first chunk: the guard records a cancellation.
+        let first = stream.message().await?;
+        if let Some(chunk) = &first {
+            record_chunk(&guard, &mut received, chunk);
+        }
+        let end = match self
+            .resolve(self.script.action(call, guard.attempt()))
+            .await
+        {
+            Some(Action::Ok) => None,
+            Some(Action::FailAfterHeaders(code)) => Some(code),
+            // The other actions answer at once, Trailers-Only.
+            other => return answer(guard, other, || ReceiverStream::new(mpsc::channel(1).1)),
+        };
+        let (echoes, replies) = mpsc::channel(16);
+        tokio::spawn(async move {
+            let mut next = first;
+            while let Some(chunk) = next {
+                if echoes.send(Ok(chunk)).await.is_err() {
+                    // The client dropped the response: the guard records a cancellation.
+                    return;
+                }
+                next = match stream.message().await {
+                    Ok(Some(chunk)) => {
+                        record_chunk(&guard, &mut received, &chunk);
+                        Some(chunk)
+                    }
+                    Ok(None) => None,
+                    // The request stream broke off: the guard records a cancellation.
+                    Err(_) => return,
+                };
+            }
+            match end {
+                None => finish_with(guard, Outcome::Ok),
+                Some(code) => {
+                    finish_with(guard, Outcome::MessageThenStatus(code));
+                    let _ = echoes.send(Err(failure(code, None))).await;
+                }
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(replies)))
     }
 }
 
@@ -638,6 +722,7 @@ pub async fn spawn_grpc(script: Script) -> GrpcPeer {
     let server = tokio::spawn(
         Server::builder()
             .add_service(service.clone().into_server())
+            .add_service(BidiEchoServer::new(service.clone()))
             .serve_with_incoming_shutdown(incoming, async {
                 // A dropped sender also means shut down.
                 let _ = signal.await;

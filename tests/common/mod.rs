@@ -37,8 +37,8 @@ pub mod pb {
 }
 
 pub use grpc::{
-    Action, AttemptRecord, CALL_METADATA, FaultEcho, GrpcPeer, Method, Outcome, PUSHBACK_METADATA,
-    ReplyStream, SERVER_STREAM_REPLIES, Script, grpc_channel, spawn_grpc,
+    Action, AttemptRecord, CALL_METADATA, ChunkStream, FaultEcho, GrpcPeer, Method, Outcome,
+    PUSHBACK_METADATA, ReplyStream, SERVER_STREAM_REPLIES, Script, grpc_channel, spawn_grpc,
 };
 pub use http::{
     CALL_HEADER, HttpAction, HttpAttemptRecord, HttpOutcome, HttpPeer, HttpScript,

@@ -6,6 +6,7 @@
 //! 1-10 ms; assertions are on counts, headers and bytes, never on durations. `guard` only
 //! stops a broken peer from hanging the run.
 
+mod commit;
 #[path = "../common/mod.rs"]
 mod common;
 #[cfg(feature = "retry-info")]

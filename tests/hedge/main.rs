@@ -12,6 +12,7 @@ mod common;
 #[path = "../retry/support.rs"]
 mod support;
 
+mod commit;
 #[cfg(feature = "tonic")]
 mod grpc;
 
@@ -613,10 +614,15 @@ type BoxReq = Request<BoxBody<Bytes, BoxError>>;
 /// A hand-written mock that reads each attempt's request body as a transport would: frame
 /// by frame, failing the attempt if the body fails. Attempt `n` stops reading (without
 /// ending) once it has `stall_at[n]` bytes.
+///
+/// With `pump_in_task`, each body is read by a task of its own, as hyper's connection task
+/// sends a request body, and the attempt's future only waits for its answer: the body
+/// commits the call from that task, and only the layer's cancellation ends the future.
 #[derive(Clone)]
 struct BodyReader {
     arrivals: mpsc::UnboundedSender<BodyAttempt>,
     stall_at: Arc<HashMap<u32, usize>>,
+    pump_in_task: bool,
 }
 
 /// One attempt as the [`BodyReader`] saw it.
@@ -626,10 +632,16 @@ struct BodyAttempt {
     /// The body failed with [`NotReplayable`]: the call was committed to another attempt.
     cut_off: Arc<AtomicBool>,
     cancelled: Arc<AtomicBool>,
-    reply: oneshot::Sender<Res>,
+    reply: Option<oneshot::Sender<Res>>,
 }
 
 impl BodyAttempt {
+    /// Answers the attempt (once).
+    fn answer(&mut self, response: Res) {
+        let reply = self.reply.take().expect("answered once");
+        let _ = reply.send(response);
+    }
+
     fn received(&self) -> Vec<u8> {
         self.received.lock().unwrap().clone()
     }
@@ -640,6 +652,32 @@ impl BodyAttempt {
 
     fn cut_off(&self) -> bool {
         self.cut_off.load(Ordering::SeqCst)
+    }
+}
+
+/// Reads `body` frame by frame into `received`, stopping for good at `stall_at` bytes.
+async fn read_body(
+    mut body: BoxBody<Bytes, BoxError>,
+    received: Arc<Mutex<Vec<u8>>>,
+    stall_at: usize,
+    cut_off: Arc<AtomicBool>,
+) -> Result<(), BoxError> {
+    loop {
+        if received.lock().unwrap().len() >= stall_at {
+            std::future::pending::<()>().await;
+        }
+        match body.frame().await {
+            None => return Ok(()),
+            Some(Ok(frame)) => {
+                if let Ok(data) = frame.into_data() {
+                    received.lock().unwrap().extend_from_slice(&data);
+                }
+            }
+            Some(Err(error)) => {
+                cut_off.store(error.is::<NotReplayable>(), Ordering::SeqCst);
+                return Err(error);
+            }
+        }
     }
 }
 
@@ -665,27 +703,21 @@ impl tower::Service<BoxReq> for BodyReader {
             received: received.clone(),
             cut_off: cut_off.clone(),
             cancelled,
-            reply,
+            reply: Some(reply),
         });
-        let mut body = request.into_body();
+        let read = read_body(request.into_body(), received, stall_at, cut_off);
+        if self.pump_in_task {
+            tokio::spawn(read);
+            return Box::pin(async move {
+                let response = answer.await;
+                flag.disarm();
+                response.map_err(|_| "the test dropped the reply".into())
+            });
+        }
         Box::pin(async move {
-            loop {
-                if received.lock().unwrap().len() >= stall_at {
-                    std::future::pending::<()>().await;
-                }
-                match body.frame().await {
-                    None => break,
-                    Some(Ok(frame)) => {
-                        if let Ok(data) = frame.into_data() {
-                            received.lock().unwrap().extend_from_slice(&data);
-                        }
-                    }
-                    Some(Err(error)) => {
-                        cut_off.store(error.is::<NotReplayable>(), Ordering::SeqCst);
-                        flag.disarm();
-                        return Err(error);
-                    }
-                }
+            if let Err(error) = read.await {
+                flag.disarm();
+                return Err(error);
             }
             let response = answer.await;
             flag.disarm();
@@ -715,6 +747,7 @@ async fn body_overflow_commits_to_the_attempt_that_sent_the_most() {
     let svc = HedgeLayer::new(policies).layer(BodyReader {
         arrivals,
         stall_at: Arc::new(HashMap::from([(1, 4)])),
+        pump_in_task: false,
     });
     let (chunks, source) = mpsc::channel::<Result<Frame<Bytes>, BoxError>>(8);
     let body = StreamBody::new(ReceiverStream::new(source)).boxed();
@@ -778,8 +811,8 @@ async fn body_overflow_commits_to_the_attempt_that_sent_the_most() {
         "the whole body, intact"
     );
     let winner_number = winner.number;
-    let winner = if winner_number == 2 { second } else { third };
-    let _ = winner.reply.send(marked(grpc_ok(), winner_number));
+    let mut winner = if winner_number == 2 { second } else { third };
+    winner.answer(marked(grpc_ok(), winner_number));
     let response = call.await.unwrap().unwrap();
     assert_eq!(mark(&response), Some(winner_number.to_string().as_str()));
     assert_eq!(attempts(&response), Attempts::new(3, 0));

@@ -793,3 +793,34 @@ fn response_futures_are_unpin_when_the_inner_future_is() {
     hedge.get_mut().ready = true;
     assert_unpin(&hedge.call(grpc_request("x")));
 }
+
+#[tokio::test(start_paused = true)]
+async fn calls_without_a_policy_pass_through_when_transparent_retries_are_off() {
+    let other = || {
+        Request::post("/test.Echo/Other")
+            .header("content-type", "application/grpc")
+            .body(Full::new(Bytes::new()))
+            .unwrap()
+    };
+    for transparent in [true, false] {
+        let policies = Policies::builder()
+            .method(METHOD, policy(3))
+            .transparent_retries(transparent)
+            .build();
+        let (call, mut handle) = start(policies, other());
+        let (_, send) = handle.next_request().await.unwrap();
+        send.send_error(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        if transparent {
+            // A6's default: the attempt that never left is sent again.
+            let response = answer(&mut handle, grpc_ok()).await;
+            drop(response);
+            let response = call.await.unwrap().unwrap();
+            assert_eq!(attempts(&response), Attempts::new(2, 1));
+        } else {
+            // Off: the call is the service's own, error and all.
+            let error = call.await.unwrap().unwrap_err();
+            assert!(error.downcast_ref::<std::io::Error>().is_some(), "{error}");
+        }
+        assert_no_more_attempts(&mut handle).await;
+    }
+}
