@@ -14,13 +14,22 @@
 //!   `grpc.client.call.retry_delay` (and the A6 statistics), so this is what recording costs.
 //!
 //! Metrics on means a table built with `.metrics(&meter)` on an SDK meter provider whose
-//! periodic reader exports to memory (once a minute: never during a run).
+//! periodic reader exports to memory (once a minute: never during a run). Each call builds
+//! its request (four gRPC headers: two allocations) inside the timing.
+//!
+//! By default criterion measures wall time. With `CONTENTION_CLOCK=process-cpu` it measures
+//! the CPU time of the whole process (every worker) per call instead, which time spent
+//! waiting for a core on a loaded machine does not inflate; with 2 tasks it is about twice
+//! the wall time when both cores are busy.
 //!
 //! ```text
-//! cargo bench --features opentelemetry --bench contention -- --warm-up-time 1 --measurement-time 3
+//! cargo bench --features opentelemetry --bench contention -- --warm-up-time 2 --measurement-time 5
+//! CONTENTION_CLOCK=process-cpu cargo bench --features opentelemetry --bench contention -- --warm-up-time 2 --measurement-time 5
 //! ```
 
 mod support;
+
+use support::clock::Clock;
 
 use std::convert::Infallible;
 use std::future::{Ready, ready};
@@ -77,14 +86,22 @@ fn policies(metrics: Option<&SdkMeterProvider>) -> Policies {
     .build()
 }
 
-/// Wall time for `calls` calls spread over `tasks` tasks, each on its clone of `service`.
-fn run<S>(runtime: &tokio::runtime::Runtime, service: &Retry<S>, tasks: u64, calls: u64) -> Duration
+/// Wall time (or with `cpu`, the process's CPU time) for `calls` calls spread over `tasks`
+/// tasks, each on its clone of `service`.
+fn run<S>(
+    runtime: &tokio::runtime::Runtime,
+    service: &Retry<S>,
+    tasks: u64,
+    calls: u64,
+    cpu: bool,
+) -> Duration
 where
     S: Service<Req, Response = Res, Error = Infallible> + Clone + Send + 'static,
     S::Future: Send,
 {
+    let cpu_time = || Clock::Process.now().expect("the process CPU clock");
     runtime.block_on(async {
-        let started = Instant::now();
+        let (started, cpu_started) = (Instant::now(), cpu.then(cpu_time));
         let handles: Vec<_> = (0..tasks)
             .map(|task| {
                 let mut service = service.clone();
@@ -102,7 +119,10 @@ where
         for handle in handles {
             handle.await.expect("a client task");
         }
-        started.elapsed()
+        match cpu_started {
+            Some(cpu_started) => cpu_time().saturating_sub(cpu_started),
+            None => started.elapsed(),
+        }
     })
 }
 
@@ -119,14 +139,20 @@ where
     let provider = SdkMeterProvider::builder()
         .with_reader(PeriodicReader::builder(InMemoryMetricExporter::default()).build())
         .build();
-    let mut group = c.benchmark_group(format!("contention/{name}"));
-    for (metrics, provider) in [("metrics_off", None), ("metrics_on", Some(&provider))] {
-        let service = RetryLayer::new(policies(provider)).layer(inner.clone());
+    let cpu = std::env::var_os("CONTENTION_CLOCK").is_some_and(|clock| clock == "process-cpu");
+    let prefix = if cpu { "contention_cpu" } else { "contention" };
+    let mut group = c.benchmark_group(format!("{prefix}/{name}"));
+    let variants = [("metrics_off", None), ("metrics_on", Some(&provider))].map(|(name, p)| {
+        let service = RetryLayer::new(policies(p)).layer(inner.clone());
         // One call first, so that every clone shares the layer's spare service too.
-        run(&runtime, &service, 1, 1);
-        for tasks in [1, 2] {
+        run(&runtime, &service, 1, 1, false);
+        (name, service)
+    });
+    // Off and on side by side for each number of tasks, so that both see the same machine.
+    for tasks in [1, 2] {
+        for (metrics, service) in &variants {
             group.bench_function(format!("{metrics}/tasks_{tasks}"), |b| {
-                b.iter_custom(|iters| run(&runtime, &service, tasks, iters));
+                b.iter_custom(|iters| run(&runtime, service, tasks, iters, cpu));
             });
         }
     }
