@@ -19,7 +19,7 @@ use crate::engine::{Action, AttemptId, Cancel, Engine, Now, Verdict};
 use crate::error::{Attempted, attempt_timed_out, deadline_exceeded};
 use crate::metadata::{Attempts, GRPC_PREVIOUS_RPC_ATTEMPTS_NAME};
 use crate::stats::{MethodStats, Stats};
-use crate::telemetry::AttemptSpan;
+use crate::telemetry::AttemptSpans;
 
 pin_project! {
     /// The future of a call through either layer.
@@ -79,17 +79,7 @@ struct Attempt<F> {
     id: AttemptId,
     reader: u64,
     sent_at: std::time::Instant,
-    span: AttemptSpan,
     future: Pin<Box<F>>,
-}
-
-pin_project! {
-    /// The first attempt, in place, with its span: dropping it closes the span.
-    struct First<F> {
-        #[pin]
-        future: F,
-        span: AttemptSpan,
-    }
 }
 
 pin_project! {
@@ -102,7 +92,7 @@ pin_project! {
     {
         // The first attempt, in place: a call answered by it allocates nothing more.
         #[pin]
-        first: Option<First<S::Future>>,
+        first: Option<S::Future>,
         first_reader: u64,
         // When the first attempt was sent, for a hedging delay that learns from latencies:
         // stamped at the first poll, and only for such a delay.
@@ -123,6 +113,8 @@ pin_project! {
         last: Option<Box<Result<S::Response, BoxError>>>,
         stats: StatsHandle,
         span: tracing::Span,
+        // The attempts' spans, made at the first poll if the call's span is enabled.
+        spans: Option<Box<AttemptSpans>>,
     }
 
     impl<S, B> PinnedDrop for Driver<S, B>
@@ -179,10 +171,6 @@ where
         stats: StatsHandle,
         span: tracing::Span,
     ) -> Self {
-        let first = First {
-            future: first,
-            span: AttemptSpan::new(&span, AttemptId::FIRST, false, false),
-        };
         Driver {
             first: Some(first),
             first_reader,
@@ -195,6 +183,7 @@ where
             engine,
             last: None,
             stats,
+            spans: None,
             span,
         }
     }
@@ -220,6 +209,9 @@ where
     ) -> Poll<Result<Response<RB>, BoxError>> {
         let span = self.span.clone();
         let _enter = span.enter();
+        if self.spans.is_none() && !span.is_disabled() {
+            *self.as_mut().project().spans = AttemptSpans::of_call(&span);
+        }
         let read = || tokio::time::Instant::now().into_std();
         let mut now = Now::lazy(&read);
         if self.engine.adaptive_delay().is_some() && self.first_sent_at.is_none() {
@@ -269,30 +261,27 @@ where
         let mut this = self.project();
         let mut answered = false;
         if let Some(first) = this.first.as_mut().as_pin_mut() {
-            let first = first.project();
-            let polled = {
-                let _entered = first.span.span().enter();
-                first.future.poll(cx)
-            };
+            let entered = this
+                .spans
+                .as_deref()
+                .and_then(|s| s.enter(AttemptId::FIRST));
+            let polled = first.poll(cx);
+            drop(entered);
             if let Poll::Ready(result) = polled {
-                let mut span = std::mem::take(first.span);
                 this.first.set(None);
                 answered = true;
                 let (sent_at, reader) = (*this.first_sent_at, *this.first_reader);
                 let first = AttemptId::FIRST;
-                if let Some(done) =
-                    answer(&mut this, first, reader, sent_at, &mut span, result, now)
-                {
+                if let Some(done) = answer(&mut this, first, reader, sent_at, result, now) {
                     return Step::Done(done);
                 }
             }
         }
         let mut i = 0;
         while let Some(attempt) = this.others.get_mut(i) {
-            let polled = {
-                let _entered = attempt.span.span().enter();
-                attempt.future.as_mut().poll(cx)
-            };
+            let entered = this.spans.as_deref().and_then(|s| s.enter(attempt.id));
+            let polled = attempt.future.as_mut().poll(cx);
+            drop(entered);
             let Poll::Ready(result) = polled else {
                 i += 1;
                 continue;
@@ -301,12 +290,10 @@ where
                 id,
                 reader,
                 sent_at,
-                mut span,
                 ..
             } = this.others.remove(i);
             answered = true;
-            let sent_at = Some(sent_at);
-            if let Some(done) = answer(&mut this, id, reader, sent_at, &mut span, result, now) {
+            if let Some(done) = answer(&mut this, id, reader, Some(sent_at), result, now) {
                 return Step::Done(done);
             }
         }
@@ -370,16 +357,22 @@ where
                             .record_retry(id.number - 1);
                     }
                     this.span.record("http.request.resend_count", id.send - 1);
+                    crate::telemetry::hedge_sent(id, send);
+                    if let Some(spans) = this.spans {
+                        spans.sent(this.span, id, send);
+                    }
                     this.others.push(Attempt {
                         id,
                         reader,
                         sent_at: now.get(),
-                        span: AttemptSpan::sent(this.span, id, send),
                         future: Box::pin(future),
                     });
                     changed = true;
                 }
                 Action::Cancel(cancel) => {
+                    if let Some(spans) = this.spans {
+                        spans.cancelled(cancel);
+                    }
                     match cancel {
                         Cancel::AllBut(keep) => {
                             if keep != AttemptId::FIRST {
@@ -393,14 +386,8 @@ where
                         }
                         Cancel::TimedOut(id) => {
                             if id == AttemptId::FIRST {
-                                if let Some(first) = this.first.as_mut().as_pin_mut() {
-                                    first.project().span.timed_out();
-                                }
                                 this.first.set(None);
                             } else {
-                                this.others.iter_mut().filter(|a| a.id == id).for_each(|a| {
-                                    a.span.timed_out();
-                                });
                                 this.others.retain(|a| a.id != id);
                             }
                             *this.last = Some(Box::new(Err(attempt_timed_out(this.engine.grpc()))));
@@ -479,7 +466,6 @@ fn answer<S, B, RB>(
     id: AttemptId,
     reader: u64,
     sent_at: Option<std::time::Instant>,
-    span: &mut AttemptSpan,
     result: Result<Response<RB>, S::Error>,
     now: &mut Now<'_>,
 ) -> Option<Result<Response<RB>, BoxError>>
@@ -497,7 +483,9 @@ where
         Err(error) => AttemptResult::Error(&**error),
     };
     let outcome: Outcome = this.engine.classifier().classify(view);
-    span.answered(&outcome);
+    if let Some(spans) = this.spans {
+        spans.answered(id, &outcome);
+    }
     if outcome != Outcome::Success
         && let Some(reader) = this.call.committed_reader()
     {

@@ -29,7 +29,7 @@
 //! |---|---|---|---|---|
 //! | span | `retry` | DEBUG | `path`, `http.request.resend_count` | a call through [`RetryLayer`](crate::RetryLayer); `http.request.resend_count` (the OpenTelemetry HTTP attribute) is recorded at each attempt after the first |
 //! | span | `hedge` | DEBUG | `path`, `http.request.resend_count` | a call through [`HedgeLayer`](crate::HedgeLayer), the same fields |
-//! | span | `attempt` | DEBUG | `attempt`, `previous-rpc-attempts`, `transparent-retry`, `hedge`, `outcome` | one attempt, a child of its call's span, entered while the attempt is polled; `outcome` is recorded when it ends: `success`, `retryable`, `fatal`, `not sent`, `refused` (how the policy's classifier saw the answer), `timed out` (its per-attempt timeout), or `cancelled` (dropped unanswered: another attempt won, the deadline passed, or the caller dropped the call) |
+//! | span | `attempt` | DEBUG | `attempt`, `previous-rpc-attempts`, `transparent-retry`, `hedge`, `outcome` | one attempt, a child of its call's span (made only when that span is enabled), entered while the attempt is polled, closed when it ends; `outcome` is recorded then: `success`, `retryable`, `fatal`, `not sent`, `refused` (how the policy's classifier saw the answer), `timed out` (its per-attempt timeout), or `cancelled` (dropped unanswered: another attempt won, the deadline passed, or the caller dropped the call) |
 //! | event | `retrying` | DEBUG | `attempt`, `delay`, `reason` | a retry is scheduled: `attempt` will be sent after `delay`; `reason` is `backoff`, `pushback` (the server's delay, exactly) or `per-attempt timeout` (hedging on it: at once) |
 //! | event | `transparent retry` | DEBUG | `attempt`, `delay`, `reason` | `attempt` is resent transparently after `delay`; `reason` is `not sent` (it never left the client) or `refused` (it never reached the server's application) |
 //! | event | `hedge sent` | DEBUG | `attempt` | a hedge (a counted attempt while others may be in flight) was sent |
@@ -172,19 +172,35 @@ pub use self::metrics::{
 use tracing::Span;
 
 use crate::classify::Outcome;
-use crate::engine::{AttemptId, Send};
+use crate::engine::{AttemptId, Cancel, Send};
 
-/// The span of one attempt: its outcome is recorded when it answers, and an attempt dropped
-/// unanswered is recorded as cancelled. Dropping it closes the span.
-pub(crate) struct AttemptSpan {
-    span: Span,
-    /// No outcome recorded yet.
-    open: bool,
+/// The spans of a call's attempts, kept only while the call's own span is enabled: the
+/// driver holds an `Option<Box<AttemptSpans>>`, `None` for a call traced at no level, so
+/// that such a call pays one word and a few branches for them. Held inline in each attempt's
+/// state instead, they cost a call answered at once about 330 instructions (valgrind,
+/// `RetryLayer` over an echo, 20 000 calls: 3 561 per call before the spans, 3 895 inline,
+/// 3 637 this way, the metrics hooks included).
+///
+/// An attempt's span is closed when its outcome is recorded: when it answers, times out, or
+/// is cancelled (dropped unanswered; the spans left when the call ends are cancelled too).
+pub(crate) struct AttemptSpans {
+    open: Vec<(AttemptId, Span)>,
 }
 
-impl AttemptSpan {
-    /// The span of attempt `id`, under the call's span.
-    pub(crate) fn new(call: &Span, id: AttemptId, transparent: bool, hedge: bool) -> AttemptSpan {
+impl AttemptSpans {
+    /// The spans of a call whose first attempt is in flight, under the call's span.
+    pub(crate) fn of_call(call: &Span) -> Option<Box<AttemptSpans>> {
+        let mut spans = AttemptSpans { open: Vec::new() };
+        spans.open(call, AttemptId::FIRST, false, false);
+        Some(Box::new(spans))
+    }
+
+    /// Opens the span of attempt `id`, just sent for `send`.
+    pub(crate) fn sent(&mut self, call: &Span, id: AttemptId, send: Send) {
+        self.open(call, id, send.transparent, send.hedge);
+    }
+
+    fn open(&mut self, call: &Span, id: AttemptId, transparent: bool, hedge: bool) {
         let span = tracing::debug_span!(
             parent: call,
             "attempt",
@@ -194,23 +210,17 @@ impl AttemptSpan {
             hedge,
             outcome = tracing::field::Empty,
         );
-        AttemptSpan { span, open: true }
+        self.open.push((id, span));
     }
 
-    /// The span of attempt `id`, just sent for `send`; a hedge is also told as an event.
-    pub(crate) fn sent(call: &Span, id: AttemptId, send: Send) -> AttemptSpan {
-        if send.hedge && !send.transparent {
-            tracing::debug!(attempt = id.send, "hedge sent");
-        }
-        AttemptSpan::new(call, id, send.transparent, send.hedge)
+    /// Enters the span of attempt `id`, while the attempt is polled.
+    pub(crate) fn enter(&self, id: AttemptId) -> Option<tracing::span::Entered<'_>> {
+        let (_, span) = self.open.iter().find(|(a, _)| *a == id)?;
+        Some(span.enter())
     }
 
-    pub(crate) fn span(&self) -> &Span {
-        &self.span
-    }
-
-    /// The attempt answered, as the policy's classifier saw it.
-    pub(crate) fn answered(&mut self, outcome: &Outcome) {
+    /// Attempt `id` answered, as the policy's classifier saw it.
+    pub(crate) fn answered(&mut self, id: AttemptId, outcome: &Outcome) {
         let name = match outcome {
             Outcome::Success => "success",
             Outcome::Retryable(_) => "retryable",
@@ -218,35 +228,41 @@ impl AttemptSpan {
             Outcome::NotSent => "not sent",
             Outcome::Refused => "refused",
         };
-        self.end(name);
+        self.close(|a| a == id, name);
     }
 
-    /// The attempt outlived its per-attempt timeout.
-    pub(crate) fn timed_out(&mut self) {
-        self.end("timed out");
-    }
-
-    fn end(&mut self, outcome: &'static str) {
-        if self.open {
-            self.open = false;
-            self.span.record("outcome", outcome);
+    /// The driver drops these attempts unanswered: cancelled, or one that outlived its
+    /// per-attempt timeout.
+    pub(crate) fn cancelled(&mut self, cancel: Cancel) {
+        match cancel {
+            Cancel::AllBut(keep) => self.close(|a| a != keep, "cancelled"),
+            Cancel::All => self.close(|_| true, "cancelled"),
+            Cancel::TimedOut(id) => self.close(|a| a == id, "timed out"),
         }
+    }
+
+    /// Records `outcome` on the spans of the attempts `which` picks, and closes them.
+    fn close(&mut self, which: impl Fn(AttemptId) -> bool, outcome: &'static str) {
+        self.open.retain(|(id, span)| {
+            if which(*id) {
+                span.record("outcome", outcome);
+                return false;
+            }
+            true
+        });
     }
 }
 
-impl Drop for AttemptSpan {
+impl Drop for AttemptSpans {
     fn drop(&mut self) {
-        self.end("cancelled");
+        self.close(|_| true, "cancelled");
     }
 }
 
-impl Default for AttemptSpan {
-    /// No span, and nothing to record.
-    fn default() -> AttemptSpan {
-        AttemptSpan {
-            span: Span::none(),
-            open: false,
-        }
+/// Tells of a hedge: a counted attempt sent while others may be in flight.
+pub(crate) fn hedge_sent(id: AttemptId, send: Send) {
+    if send.hedge && !send.transparent {
+        tracing::debug!(attempt = id.send, "hedge sent");
     }
 }
 
