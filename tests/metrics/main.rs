@@ -87,6 +87,14 @@ impl Recorded {
         self.provider.meter("tower-retry-hedge")
     }
 
+    /// The retry policy for `METHOD`, recording on this meter.
+    fn retry_policies(&self) -> Policies {
+        Policies::builder()
+            .method(METHOD, retry_policy())
+            .metrics(&self.meter())
+            .build()
+    }
+
     /// The data points of histogram `name` now (cumulative since the start).
     fn points(&self, name: &str) -> Vec<Point> {
         self.exporter.reset();
@@ -187,10 +195,7 @@ fn grpc_labels() -> BTreeMap<String, String> {
 #[tokio::test(start_paused = true)]
 async fn a_call_with_two_retries_records_retries_2_under_its_method_and_authority() {
     let recorded = Recorded::new();
-    let policies = Policies::builder()
-        .method(METHOD, retry_policy())
-        .metrics(&recorded.meter())
-        .build();
+    let policies = recorded.retry_policies();
     let (call, mut handle) = start(&policies, grpc_request());
     answer(&mut handle, trailers_only(Code::Unavailable, None)).await;
     answer(&mut handle, trailers_only(Code::Unavailable, None)).await;
@@ -217,10 +222,7 @@ async fn a_call_with_two_retries_records_retries_2_under_its_method_and_authorit
 #[tokio::test(start_paused = true)]
 async fn three_never_sent_attempts_then_a_success_record_3_transparent_retries_and_no_retry() {
     let recorded = Recorded::new();
-    let policies = Policies::builder()
-        .method(METHOD, retry_policy())
-        .metrics(&recorded.meter())
-        .build();
+    let policies = recorded.retry_policies();
     let (call, mut handle) = start(&policies, grpc_request());
     for _ in 0..3 {
         let (_, send) = handle.next_request().await.expect("an attempt");
@@ -244,10 +246,7 @@ async fn three_never_sent_attempts_then_a_success_record_3_transparent_retries_a
 #[tokio::test(start_paused = true)]
 async fn a_retry_after_a_250_ms_pushback_records_a_retry_delay_of_a_quarter_second() {
     let recorded = Recorded::new();
-    let policies = Policies::builder()
-        .method(METHOD, retry_policy())
-        .metrics(&recorded.meter())
-        .build();
+    let policies = recorded.retry_policies();
     let (call, mut handle) = start(&policies, grpc_request());
     answer(&mut handle, trailers_only(Code::Unavailable, Some("250"))).await;
     answer(&mut handle, grpc_ok()).await;
@@ -335,10 +334,7 @@ async fn a_hedged_call_records_its_hedges_and_no_retry() {
 #[tokio::test(start_paused = true)]
 async fn a_call_of_one_attempt_records_nothing() {
     let recorded = Recorded::new();
-    let policies = Policies::builder()
-        .method(METHOD, retry_policy())
-        .metrics(&recorded.meter())
-        .build();
+    let policies = recorded.retry_policies();
     let (call, mut handle) = start(&policies, grpc_request());
     answer(&mut handle, grpc_ok()).await;
     call.await.unwrap().unwrap();
@@ -367,10 +363,7 @@ async fn a_named_target_replaces_the_authority() {
 #[tokio::test(start_paused = true)]
 async fn a_call_dropped_while_it_waits_records_what_it_did() {
     let recorded = Recorded::new();
-    let policies = Policies::builder()
-        .method(METHOD, retry_policy())
-        .metrics(&recorded.meter())
-        .build();
+    let policies = recorded.retry_policies();
     let (call, mut handle) = start(&policies, grpc_request());
     answer(&mut handle, trailers_only(Code::Unavailable, None)).await;
     answer(&mut handle, trailers_only(Code::Unavailable, None)).await;

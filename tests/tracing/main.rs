@@ -109,8 +109,32 @@ fn field_names(fields: &tracing::field::FieldSet) -> BTreeSet<String> {
         .collect()
 }
 
-fn ours(metadata: &tracing::Metadata<'_>) -> bool {
-    metadata.target().starts_with("tower_retry_hedge")
+impl Seen {
+    /// What a callsite of this crate emitted (its `message`, for an event, is its name);
+    /// `None` for other crates' callsites.
+    fn of(
+        kind: &'static str,
+        metadata: &tracing::Metadata<'_>,
+        record: impl FnOnce(&mut Values),
+    ) -> Option<Seen> {
+        if !metadata.target().starts_with("tower_retry_hedge") {
+            return None;
+        }
+        let mut values = Values::default();
+        record(&mut values);
+        let mut values = values.0;
+        let name = match values.iter().position(|(field, _)| field == "message") {
+            Some(i) if kind == "event" => values.remove(i).1,
+            _ => metadata.name().to_owned(),
+        };
+        Some(Seen {
+            kind,
+            name,
+            level: *metadata.level(),
+            fields: field_names(metadata.fields()),
+            values,
+        })
+    }
 }
 
 impl<S> tracing_subscriber::Layer<S> for Captured
@@ -118,58 +142,22 @@ where
     S: tracing::Subscriber + for<'a> LookupSpan<'a>,
 {
     fn on_new_span(&self, attrs: &Attributes<'_>, _: &Id, _: Context<'_, S>) {
-        let metadata = attrs.metadata();
-        if !ours(metadata) {
-            return;
+        if let Some(seen) = Seen::of("span", attrs.metadata(), |v| attrs.record(v)) {
+            self.push(seen);
         }
-        let mut values = Values::default();
-        attrs.record(&mut values);
-        self.push(Seen {
-            kind: "span",
-            name: metadata.name().to_owned(),
-            level: *metadata.level(),
-            fields: field_names(metadata.fields()),
-            values: values.0,
-        });
     }
 
     fn on_record(&self, id: &Id, record: &Record<'_>, ctx: Context<'_, S>) {
         let Some(span) = ctx.span(id) else { return };
-        let metadata = span.metadata();
-        if !ours(metadata) {
-            return;
+        if let Some(seen) = Seen::of("record", span.metadata(), |v| record.record(v)) {
+            self.push(seen);
         }
-        let mut values = Values::default();
-        record.record(&mut values);
-        self.push(Seen {
-            kind: "record",
-            name: metadata.name().to_owned(),
-            level: *metadata.level(),
-            fields: field_names(metadata.fields()),
-            values: values.0,
-        });
     }
 
     fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
-        let metadata = event.metadata();
-        if !ours(metadata) {
-            return;
+        if let Some(seen) = Seen::of("event", event.metadata(), |v| event.record(v)) {
+            self.push(seen);
         }
-        let mut values = Values::default();
-        event.record(&mut values);
-        let message = values
-            .0
-            .iter()
-            .position(|(field, _)| field == "message")
-            .map(|i| values.0.remove(i).1)
-            .unwrap_or_default();
-        self.push(Seen {
-            kind: "event",
-            name: message,
-            level: *metadata.level(),
-            fields: field_names(metadata.fields()),
-            values: values.0,
-        });
     }
 }
 
