@@ -34,10 +34,11 @@ pin_project! {
             #[pin]
             future: S::Future,
         },
-        // A call the engine runs. Boxed: its state is a few hundred bytes, which a future
-        // would otherwise carry (and copy) through every layer above it.
+        // A call the engine runs: its first attempt in place, where the other variant keeps
+        // its future, and the rest of its state in a box.
         Driven {
-            driver: Pin<Box<Driver<S, B>>>,
+            #[pin]
+            driver: Driver<S, B>,
         },
     }
 }
@@ -52,9 +53,7 @@ where
     }
 
     pub(crate) fn driven(driver: Driver<S, B>) -> Self {
-        CallFuture::Driven {
-            driver: Box::pin(driver),
-        }
+        CallFuture::Driven { driver }
     }
 }
 
@@ -69,7 +68,7 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project() {
             CallFutureProj::Passthrough { future } => future.poll(cx).map_err(Into::into),
-            CallFutureProj::Driven { driver } => driver.as_mut().poll(cx),
+            CallFutureProj::Driven { driver } => driver.poll(cx),
         }
     }
 }
@@ -90,31 +89,13 @@ pin_project! {
         S: Service<Request<B>>,
         B: Replay,
     {
-        // The first attempt, in place: a call answered by it allocates nothing more.
+        // The first attempt, in place: a call answered by it allocates nothing more than
+        // the box of the rest.
         #[pin]
         first: Option<S::Future>,
-        first_reader: u64,
-        // When the first attempt was sent, for a hedging delay that learns from latencies:
-        // stamped at the first poll, and only for such a delay.
-        first_sent_at: Option<std::time::Instant>,
-        // The attempts after the first, in the order they were sent.
-        others: Vec<Attempt<S::Future>>,
-        // The one timer: the earliest of the deadline, the next send and the attempt's
-        // timeout, as the engine says. Made when the call first waits.
-        timer: Option<Pin<Box<Sleep>>>,
-        // A clone of the spare service for the later attempts, polled ready only when one is
-        // due, so a pending attempt holds no capacity.
-        service: Option<S>,
-        shared: Arc<Shared<S>>,
-        call: Call<B>,
-        engine: Engine,
-        // The last failure kept, returned if nothing better comes. Boxed: only a call that
-        // failed once keeps one, and the response type is large to carry in every call.
-        last: Option<Box<Result<S::Response, BoxError>>>,
-        stats: StatsHandle,
-        span: tracing::Span,
-        // The attempts' spans, made at the first poll if the call's span is enabled.
-        spans: Option<Box<AttemptSpans>>,
+        // Boxed: a few hundred bytes, which a future would otherwise carry (and copy) through
+        // every layer above it.
+        state: Box<State<S, B>>,
     }
 
     impl<S, B> PinnedDrop for Driver<S, B>
@@ -126,13 +107,43 @@ pin_project! {
         fn drop(this: Pin<&mut Self>) {
             let this = this.project();
             crate::telemetry::record_call(
-                &this.shared.policies,
-                this.engine,
-                this.call,
-                this.stats.route.as_ref(),
+                &this.state.shared.policies,
+                &this.state.engine,
+                &this.state.call,
+                this.state.stats.route.as_ref(),
             );
         }
     }
+}
+
+/// What a call keeps besides its first attempt.
+struct State<S, B>
+where
+    S: Service<Request<B>>,
+    B: Replay,
+{
+    first_reader: u64,
+    // When the first attempt was sent, for a hedging delay that learns from latencies:
+    // stamped at the first poll, and only for such a delay.
+    first_sent_at: Option<std::time::Instant>,
+    // The attempts after the first, in the order they were sent.
+    others: Vec<Attempt<S::Future>>,
+    // The one timer: the earliest of the deadline, the next send and the attempt's timeout,
+    // as the engine says. Made when the call first waits.
+    timer: Option<Pin<Box<Sleep>>>,
+    // A clone of the spare service for the later attempts, polled ready only when one is
+    // due, so a pending attempt holds no capacity.
+    service: Option<S>,
+    shared: Arc<Shared<S>>,
+    call: Call<B>,
+    engine: Engine,
+    // The last failure kept, returned if nothing better comes. Boxed: only a call that
+    // failed once keeps one, and the response type is large to carry in every call.
+    last: Option<Box<Result<S::Response, BoxError>>>,
+    stats: StatsHandle,
+    span: tracing::Span,
+    // The attempts' spans, made at the first poll if the call's span is enabled.
+    spans: Option<Box<AttemptSpans>>,
 }
 
 /// The statistics of a call's method (its path) or route (its name), looked up when the
@@ -173,18 +184,20 @@ where
     ) -> Self {
         Driver {
             first: Some(first),
-            first_reader,
-            first_sent_at: None,
-            others: Vec::new(),
-            timer: None,
-            service: None,
-            shared,
-            call,
-            engine,
-            last: None,
-            stats,
-            spans: None,
-            span,
+            state: Box::new(State {
+                first_reader,
+                first_sent_at: None,
+                others: Vec::new(),
+                timer: None,
+                service: None,
+                shared,
+                call,
+                engine,
+                last: None,
+                stats,
+                spans: None,
+                span,
+            }),
         }
     }
 }
@@ -207,26 +220,28 @@ where
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Result<Response<RB>, BoxError>> {
-        let span = self.span.clone();
+        let span = self.state.span.clone();
         let _enter = span.enter();
-        if self.spans.is_none() && !span.is_disabled() {
-            *self.as_mut().project().spans = AttemptSpans::of_call(&span);
+        if self.state.spans.is_none() && !span.is_disabled() {
+            self.as_mut().project().state.spans = AttemptSpans::of_call(&span);
         }
         let read = || tokio::time::Instant::now().into_std();
         let mut now = Now::lazy(&read);
-        if self.engine.adaptive_delay().is_some() && self.first_sent_at.is_none() {
-            *self.as_mut().project().first_sent_at = Some(now.get());
+        if self.state.engine.adaptive_delay().is_some() && self.state.first_sent_at.is_none() {
+            self.as_mut().project().state.first_sent_at = Some(now.get());
         }
         // The deadline wins over an answer that is ready in the same poll (an answer wins over
         // the attempt's own timeout, which the engine sees after the answers).
         let timer_fired = self
             .as_mut()
             .project()
+            .state
             .timer
             .as_mut()
             .is_some_and(|timer| timer.as_mut().poll(cx).is_ready());
         if timer_fired
             && self
+                .state
                 .engine
                 .deadline()
                 .is_some_and(|deadline| now.get() >= deadline)
@@ -262,6 +277,7 @@ where
         let mut answered = false;
         if let Some(first) = this.first.as_mut().as_pin_mut() {
             let entered = this
+                .state
                 .spans
                 .as_deref()
                 .and_then(|s| s.enter(AttemptId::FIRST));
@@ -270,7 +286,7 @@ where
             if let Poll::Ready(result) = polled {
                 this.first.set(None);
                 answered = true;
-                let (sent_at, reader) = (*this.first_sent_at, *this.first_reader);
+                let (sent_at, reader) = (this.state.first_sent_at, this.state.first_reader);
                 let first = AttemptId::FIRST;
                 if let Some(done) = answer(&mut this, first, reader, sent_at, result, now) {
                     return Step::Done(done);
@@ -278,8 +294,12 @@ where
             }
         }
         let mut i = 0;
-        while let Some(attempt) = this.others.get_mut(i) {
-            let entered = this.spans.as_deref().and_then(|s| s.enter(attempt.id));
+        while let Some(attempt) = this.state.others.get_mut(i) {
+            let entered = this
+                .state
+                .spans
+                .as_deref()
+                .and_then(|s| s.enter(attempt.id));
             let polled = attempt.future.as_mut().poll(cx);
             drop(entered);
             let Poll::Ready(result) = polled else {
@@ -291,7 +311,7 @@ where
                 reader,
                 sent_at,
                 ..
-            } = this.others.remove(i);
+            } = this.state.others.remove(i);
             answered = true;
             if let Some(done) = answer(&mut this, id, reader, Some(sent_at), result, now) {
                 return Step::Done(done);
@@ -304,7 +324,7 @@ where
     /// buffer, or its source failed), whichever task polled it: the body wakes the call.
     fn poll_commit(self: Pin<&mut Self>, cx: &mut Context<'_>) {
         let mut this = self.project();
-        let committed = this.call.poll_committed(cx);
+        let committed = this.state.call.poll_committed(cx);
         if let Poll::Ready(reader) = committed {
             on_commit(&mut this, reader);
         }
@@ -319,49 +339,59 @@ where
         let mut this = self.project();
         let mut changed = false;
         loop {
-            match this.engine.poll(now) {
+            match this.state.engine.poll(now) {
                 Action::Send(send) => {
-                    let service = this.service.get_or_insert_with(|| this.shared.service());
+                    let service = this
+                        .state
+                        .service
+                        .get_or_insert_with(|| this.state.shared.service());
                     match service.poll_ready(cx) {
                         Poll::Pending => {
                             // The deadline still runs while the service is not ready.
-                            if arm(this.timer, this.engine.wake_after(now.get()), cx) {
+                            if arm(
+                                &mut this.state.timer,
+                                this.state.engine.wake_after(now.get()),
+                                cx,
+                            ) {
                                 now.reset();
                                 continue;
                             }
                             return if changed { Step::Again } else { Step::Pending };
                         }
                         Poll::Ready(Err(error)) => {
-                            if this.engine.on_service_error() {
+                            if this.state.engine.on_service_error() {
                                 return Step::Done(Err(error.into()));
                             }
                             continue;
                         }
                         Poll::Ready(Ok(())) => {}
                     }
-                    let sent = this.engine.attempts().sent();
-                    let deadline = this.engine.deadline();
+                    let sent = this.state.engine.attempts().sent();
+                    let deadline = this.state.engine.deadline();
                     let Some((request, reader)) =
-                        this.call.request(send, sent, deadline, now.get())
+                        this.state.call.request(send, sent, deadline, now.get())
                     else {
                         // The body outgrew the buffer while the call waited: committed to
                         // what an earlier attempt got.
-                        this.engine.on_commit(None);
+                        this.state.engine.on_commit(None);
                         continue;
                     };
                     let future = service.call(request);
-                    let id = this.engine.on_sent(send, now);
+                    let id = this.state.engine.on_sent(send, now);
                     if !send.transparent {
-                        this.stats
-                            .get(this.shared.policies.stats(), this.call.path())
+                        this.state
+                            .stats
+                            .get(this.state.shared.policies.stats(), this.state.call.path())
                             .record_retry(id.number - 1);
                     }
-                    this.span.record("http.request.resend_count", id.send - 1);
+                    this.state
+                        .span
+                        .record("http.request.resend_count", id.send - 1);
                     crate::telemetry::hedge_sent(id, send);
-                    if let Some(spans) = this.spans {
-                        spans.sent(this.span, id, send);
+                    if let Some(spans) = &mut this.state.spans {
+                        spans.sent(&this.state.span, id, send);
                     }
-                    this.others.push(Attempt {
+                    this.state.others.push(Attempt {
                         id,
                         reader,
                         sent_at: now.get(),
@@ -370,7 +400,7 @@ where
                     changed = true;
                 }
                 Action::Cancel(cancel) => {
-                    if let Some(spans) = this.spans {
+                    if let Some(spans) = &mut this.state.spans {
                         spans.cancelled(cancel);
                     }
                     match cancel {
@@ -378,40 +408,42 @@ where
                             if keep != AttemptId::FIRST {
                                 this.first.set(None);
                             }
-                            this.others.retain(|a| a.id == keep);
+                            this.state.others.retain(|a| a.id == keep);
                         }
                         Cancel::All => {
                             this.first.set(None);
-                            this.others.clear();
+                            this.state.others.clear();
                         }
                         Cancel::TimedOut(id) => {
                             if id == AttemptId::FIRST {
                                 this.first.set(None);
                             } else {
-                                this.others.retain(|a| a.id != id);
+                                this.state.others.retain(|a| a.id != id);
                             }
-                            *this.last = Some(Box::new(Err(attempt_timed_out(this.engine.grpc()))));
+                            this.state.last =
+                                Some(Box::new(Err(attempt_timed_out(this.state.engine.grpc()))));
                         }
                     }
                     changed = true;
                 }
                 Action::ReturnLast => {
-                    let attempts = this.engine.attempts();
+                    let attempts = this.state.engine.attempts();
                     let last = this
+                        .state
                         .last
                         .take()
                         .map_or_else(|| Err(no_result()), |last| *last);
-                    return Step::Done(finish(last, attempts, this.engine.grpc()));
+                    return Step::Done(finish(last, attempts, this.state.engine.grpc()));
                 }
                 Action::DeadlineExceeded => {
                     this.first.set(None);
-                    this.others.clear();
-                    let attempts = this.engine.attempts();
-                    let error = deadline_exceeded(this.engine.grpc());
-                    return Step::Done(finish(Err(error), attempts, this.engine.grpc()));
+                    this.state.others.clear();
+                    let attempts = this.state.engine.attempts();
+                    let error = deadline_exceeded(this.state.engine.grpc());
+                    return Step::Done(finish(Err(error), attempts, this.state.engine.grpc()));
                 }
                 Action::Wait(at) => {
-                    if !arm(this.timer, at, cx) {
+                    if !arm(&mut this.state.timer, at, cx) {
                         return if changed { Step::Again } else { Step::Pending };
                     }
                     now.reset();
@@ -449,15 +481,16 @@ where
     S: Service<Request<B>>,
     B: Replay,
 {
-    let attempt = if *this.first_reader == reader && this.first.is_some() {
+    let attempt = if this.state.first_reader == reader && this.first.is_some() {
         Some(AttemptId::FIRST)
     } else {
-        this.others
+        this.state
+            .others
             .iter()
             .find(|a| a.reader == reader)
             .map(|a| a.id)
     };
-    this.engine.on_commit(attempt);
+    this.state.engine.on_commit(attempt);
 }
 
 /// Feeds one attempt's answer to the engine; gives the call's result if it ends with it.
@@ -482,40 +515,45 @@ where
         },
         Err(error) => AttemptResult::Error(&**error),
     };
-    let outcome: Outcome = this.engine.classifier().classify(view);
-    if let Some(spans) = this.spans {
+    let outcome: Outcome = this.state.engine.classifier().classify(view);
+    if let Some(spans) = &mut this.state.spans {
         spans.answered(id, &outcome);
     }
     if outcome != Outcome::Success
-        && let Some(reader) = this.call.committed_reader()
+        && let Some(reader) = this.state.call.committed_reader()
     {
         // A failure may be a body error of an attempt that another one's commit cut off.
         on_commit(this, reader);
     }
-    let verdict = this.engine.on_answer(id, outcome, view, now);
-    for _ in 0..this.engine.take_retry_failures() {
-        this.stats
-            .get(this.shared.policies.stats(), this.call.path())
+    let verdict = this.state.engine.on_answer(id, outcome, view, now);
+    for _ in 0..this.state.engine.take_retry_failures() {
+        this.state
+            .stats
+            .get(this.state.shared.policies.stats(), this.state.call.path())
             .record_retry_failure();
     }
     match verdict {
         Verdict::Return => {
             if outcome == Outcome::Success
-                && let (Some(delay), Some(sent_at)) = (this.engine.adaptive_delay(), sent_at)
+                && let (Some(delay), Some(sent_at)) = (this.state.engine.adaptive_delay(), sent_at)
             {
                 delay.record(now.get().saturating_duration_since(sent_at));
             }
             this.first.set(None);
-            this.others.clear();
+            this.state.others.clear();
             if result.is_ok() {
                 // The call is committed to this attempt: the replay buffer is released now,
                 // even if the attempt goes on streaming its request body.
-                this.call.commit(reader);
+                this.state.call.commit(reader);
             }
-            Some(finish(result, this.engine.attempts(), this.engine.grpc()))
+            Some(finish(
+                result,
+                this.state.engine.attempts(),
+                this.state.engine.grpc(),
+            ))
         }
         Verdict::Keep => {
-            *this.last = Some(Box::new(result));
+            this.state.last = Some(Box::new(result));
             None
         }
         Verdict::Drop => None,
