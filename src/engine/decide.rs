@@ -244,14 +244,7 @@ impl Engine {
             return stop(self, "deadline");
         }
         // Last, since a budget withdraws when it says yes.
-        if self
-            .rules
-            .throttle
-            .as_ref()
-            .is_some_and(|t| !t.allows_retry())
-        {
-            tracing::debug!(attempt = self.sent + 1, "throttled");
-            self.stopped = true;
+        if self.throttle_refuses() {
             return;
         }
         let reason = match pushback {

@@ -552,23 +552,33 @@ impl Engine {
         {
             return Some(resend.send);
         }
-        let next = self.next.as_mut().filter(|p| is_due(p))?;
-        if !next.granted {
-            // Asked once per attempt: a budget withdraws when it says yes.
-            if self
-                .rules
-                .throttle
-                .as_ref()
-                .is_some_and(|t| !t.allows_retry())
-            {
-                tracing::debug!(attempt = self.sent + 1, "throttled");
-                self.stopped = true;
+        let next = self.next.as_ref().filter(|p| is_due(p))?;
+        let (send, granted) = (next.send, next.granted);
+        if !granted {
+            if self.throttle_refuses() {
                 self.next = None;
                 return None;
             }
-            next.granted = true;
+            if let Some(next) = &mut self.next {
+                next.granted = true;
+            }
         }
-        Some(next.send)
+        Some(send)
+    }
+
+    /// Asks the throttle for one more counted attempt, once per attempt (a budget withdraws
+    /// when it says yes); a refusal stops the counted attempts.
+    fn throttle_refuses(&mut self) -> bool {
+        let refused = self
+            .rules
+            .throttle
+            .as_ref()
+            .is_some_and(|t| !t.allows_retry());
+        if refused {
+            tracing::debug!(attempt = self.sent + 1, "throttled");
+            self.stopped = true;
+        }
+        refused
     }
 
     /// The latest counted attempt outlived its per-attempt timeout.
