@@ -131,6 +131,8 @@ pub mod guide;
 pub mod hedge;
 pub mod latency;
 pub mod metadata;
+#[cfg(feature = "opentelemetry")]
+mod metrics;
 pub mod policy;
 pub mod pushback;
 pub mod retry;

@@ -30,6 +30,19 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
+/// What one call did beyond its first attempt, for gRFC A96's per-call metrics.
+#[cfg_attr(not(feature = "opentelemetry"), allow(dead_code))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct CallCounts {
+    /// Counted attempts after the first that were not hedges.
+    pub(crate) retries: u32,
+    /// Counted attempts sent while earlier ones might still be in flight.
+    pub(crate) hedges: u32,
+    pub(crate) transparent: u32,
+    /// The time no attempt was in flight before a later one was sent.
+    pub(crate) delay: std::time::Duration,
+}
+
 /// The lower bounds of the A6 histogram's buckets.
 pub const HISTOGRAM_BOUNDS: [u32; 8] = [1, 2, 3, 4, 5, 10, 100, 1000];
 

@@ -33,13 +33,16 @@
 //!
 //! # Turning the record on
 //!
-//! Nothing to do: once a `Balance` exists in the process, every call through a retry or hedge
-//! layer whose table leaves
-//! [`track_backends`](crate::policy::PoliciesBuilder::track_backends) unset keeps a
-//! [`TriedBackends`] record that its attempts share (the layers copy a request's extensions to
-//! every attempt, and clones of a record share one list). `track_backends(false)` turns it off
-//! for a table; `track_backends(true)` turns it on without this balancer, for another that reads
-//! the record. A request above the layers may also bring its own record:
+//! Say so in the policy table the layers above are built from:
+//! `Policies::builder().track_backends(true)`
+//! ([`track_backends`](crate::policy::PoliciesBuilder::track_backends)). Every call through
+//! those layers then keeps a [`TriedBackends`] record that its attempts share (the layers copy
+//! a request's extensions to every attempt, and clones of a record share one list). The layers
+//! cannot see what is below them, so they do not guess: without the switch a call carries no
+//! record, and its retries are balanced as its first attempt was. A hedging policy can keep
+//! the record for its own calls alone
+//! ([`HedgePolicyBuilder::track_backends`](crate::policy::HedgePolicyBuilder::track_backends)).
+//! A request above the layers may also bring its own record:
 //!
 //! ```
 //! use tower_retry_hedge::metadata::TriedBackends;
@@ -98,7 +101,11 @@
 //!     .backoff(Exponential::new(Duration::from_millis(1), Duration::from_millis(1), 2.0, Jitter::None)?)
 //!     .retryable(GrpcCodes::from([Code::Unavailable]))
 //!     .build()?;
-//! let retry = RetryLayer::new(Policies::builder().service("echo.Echo", policy).build());
+//! let policies = Policies::builder()
+//!     .service("echo.Echo", policy)
+//!     .track_backends(true)
+//!     .build();
+//! let retry = RetryLayer::new(policies);
 //! let service = retry.layer(balanced);
 //!
 //! for _ in 0..100 {
@@ -171,7 +178,6 @@ use std::fmt;
 use std::future::Future;
 use std::hash::Hash;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 
 use rand::SeedableRng;
@@ -183,17 +189,6 @@ use tower_service::Service;
 
 use crate::BoxError;
 use crate::metadata::{BackendId, TriedBackends};
-
-/// Set when the first balancer is made: from then on, the policy tables whose
-/// `track_backends` is left unset give every call its record. A flag for the process, not for
-/// one stack, because the layers above cannot see what service is below them; a call through
-/// some other service only carries a record it does not need.
-static BALANCER_MADE: AtomicBool = AtomicBool::new(false);
-
-/// Whether a [`Balance`] has been made in this process.
-pub(crate) fn made() -> bool {
-    BALANCER_MADE.load(Ordering::Relaxed)
-}
 
 /// Balances requests over the endpoints of a [`Discover`]: power of two choices on load,
 /// among the endpoints the request's call has not tried yet (see the [module docs](self)).
@@ -230,7 +225,6 @@ where
     }
 
     fn from_rng(discover: D, rng: SmallRng) -> Self {
-        BALANCER_MADE.store(true, Ordering::Relaxed);
         Balance {
             discover,
             discover_ended: false,

@@ -51,6 +51,14 @@ pub trait Copies<B> {
     /// is committed (the body outgrew the buffer), when no new attempt may start.
     fn copy(&self) -> Option<(B, u64)>;
 
+    /// Whether the copies are made from a record of what the first attempt sends, which
+    /// commits itself to one reader when it outgrows the buffer or its source fails. `false`
+    /// for copies that record nothing and never commit ([`Clones`]). The layers claim a
+    /// recorded body for the attempt whose answer they return (see [`commit`](Copies::commit)).
+    fn records(&self) -> bool {
+        true
+    }
+
     /// Whether the call is committed: no new attempt may start.
     fn is_committed(&self) -> bool;
 
@@ -143,6 +151,10 @@ impl<B: Clone> Copies<B> for Clones<B> {
 
     fn copy(&self) -> Option<(B, u64)> {
         Some((self.0.clone(), 0))
+    }
+
+    fn records(&self) -> bool {
+        false
     }
 
     fn is_committed(&self) -> bool {

@@ -1,5 +1,6 @@
-//! The future of one call, for both layers: it sends what the engine asks for, polls the
-//! attempts and the one timer, and feeds back what happened.
+//! The future of one call, for both layers. It does IO and nothing else: it reports what
+//! happened to the [engine](crate::engine) (the timer fired, the body committed, an attempt
+//! answered, the service failed) and carries out what the engine asks (send, cancel, end).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -8,18 +9,20 @@ use std::task::{Context, Poll};
 
 use http::{Request, Response};
 use pin_project_lite::pin_project;
+use rand::RngCore;
+use rand::rngs::ThreadRng;
 use tokio::time::Sleep;
 use tower_service::Service;
 
 use super::{Call, Shared};
 use crate::BoxError;
 use crate::body::Replay;
-use crate::classify::{AttemptResult, Outcome};
-use crate::engine::{Action, AttemptId, Cancel, Engine, Now, Verdict};
+use crate::classify::AttemptResult;
+use crate::engine::{Action, AttemptId, End, Engine, Inputs, Marks, Send, Verdict};
 use crate::error::{Attempted, attempt_timed_out, deadline_exceeded};
-use crate::metadata::{Attempts, GRPC_PREVIOUS_RPC_ATTEMPTS_NAME};
+use crate::metadata::GRPC_PREVIOUS_RPC_ATTEMPTS_NAME;
 use crate::stats::{MethodStats, Stats};
-use crate::telemetry::AttemptSpans;
+use crate::telemetry::{AttemptFields, AttemptSpans};
 
 pin_project! {
     /// The future of a call through either layer.
@@ -29,13 +32,12 @@ pin_project! {
         S: Service<Request<B>>,
         B: Replay,
     {
-        // The other layer's call: the inner future as it is.
+        // A call this layer does not drive: the inner future as it is.
         Passthrough {
             #[pin]
             future: S::Future,
         },
-        // A call the engine runs: its first attempt in place, where the other variant keeps
-        // its future, and the rest of its state in a box.
+        // A call the engine runs.
         Driven {
             #[pin]
             driver: Driver<S, B>,
@@ -76,7 +78,6 @@ where
 /// An attempt after the first: boxed, so that the list can grow and shrink under it.
 struct Attempt<F> {
     id: AttemptId,
-    reader: u64,
     sent_at: std::time::Instant,
     future: Pin<Box<F>>,
 }
@@ -105,14 +106,26 @@ pin_project! {
     {
         // The call's metrics are recorded once, when it ends: returned or dropped.
         fn drop(this: Pin<&mut Self>) {
-            let this = this.project();
-            crate::telemetry::record_call(
-                &this.state.shared.policies,
-                &this.state.engine,
-                &this.state.call,
-                this.state.stats.route.as_ref(),
-            );
+            #[cfg(feature = "opentelemetry")]
+            record_metrics(this.project().state);
+            #[cfg(not(feature = "opentelemetry"))]
+            let _ = this;
         }
+    }
+}
+
+/// Records what a call did in the table's metrics. A call of one attempt records nothing:
+/// the success path stops at the first test.
+#[cfg(feature = "opentelemetry")]
+fn record_metrics<S, B>(state: &State<S, B>)
+where
+    S: Service<Request<B>>,
+    B: Replay,
+{
+    if let Some(counts) = state.engine.extra()
+        && let Some(metrics) = state.shared.policies.metrics()
+    {
+        metrics.record(&counts, &state.call.labels(state.stats.route.as_ref()));
     }
 }
 
@@ -122,14 +135,12 @@ where
     S: Service<Request<B>>,
     B: Replay,
 {
-    first_reader: u64,
     // When the first attempt was sent, for a hedging delay that learns from latencies:
     // stamped at the first poll, and only for such a delay.
     first_sent_at: Option<std::time::Instant>,
     // The attempts after the first, in the order they were sent.
     others: Vec<Attempt<S::Future>>,
-    // The one timer: the earliest of the deadline, the next send and the attempt's timeout,
-    // as the engine says. Made when the call first waits.
+    // The one timer, at the earliest time the engine asks for. Made when the call first waits.
     timer: Option<Pin<Box<Sleep>>>,
     // A clone of the spare service for the later attempts, polled ready only when one is
     // due, so a pending attempt holds no capacity.
@@ -172,43 +183,54 @@ where
     S: Service<Request<B>>,
     B: Replay,
 {
-    /// A call whose first attempt, `first`, was just sent with the body of `first_reader`.
+    /// A call whose first attempt, `first`, was just sent.
     pub(crate) fn new(
         first: S::Future,
-        first_reader: u64,
         shared: Arc<Shared<S>>,
         call: Call<B>,
         engine: Engine,
         stats: StatsHandle,
         span: tracing::Span,
     ) -> Self {
+        let state = State {
+            first_sent_at: None,
+            others: Vec::new(),
+            timer: None,
+            service: None,
+            shared,
+            call,
+            engine,
+            last: None,
+            stats,
+            spans: None,
+            span,
+        };
         Driver {
             first: Some(first),
-            state: Box::new(State {
-                first_reader,
-                first_sent_at: None,
-                others: Vec::new(),
-                timer: None,
-                service: None,
-                shared,
-                call,
-                engine,
-                last: None,
-                stats,
-                spans: None,
-                span,
-            }),
+            state: Box::new(state),
         }
     }
 }
 
-/// How one pass over the attempts ended.
-enum Step<T> {
-    /// Something changed (an attempt answered, was sent or cancelled): look again.
-    Again,
-    Done(T),
-    Pending,
+/// The thread's random generator, taken only when the engine draws a jitter.
+#[derive(Default)]
+struct LazyRng(Option<ThreadRng>);
+
+impl RngCore for LazyRng {
+    fn next_u32(&mut self) -> u32 {
+        self.0.get_or_insert_with(rand::rng).next_u32()
+    }
+
+    fn next_u64(&mut self) -> u64 {
+        self.0.get_or_insert_with(rand::rng).next_u64()
+    }
+
+    fn fill_bytes(&mut self, dest: &mut [u8]) {
+        self.0.get_or_insert_with(rand::rng).fill_bytes(dest)
+    }
 }
+
+type Output<RB> = Result<Response<RB>, BoxError>;
 
 impl<S, B, RB> Driver<S, B>
 where
@@ -216,241 +238,263 @@ where
     S::Error: Into<BoxError>,
     B: Replay,
 {
-    fn poll(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Result<Response<RB>, BoxError>> {
-        let span = self.state.span.clone();
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Output<RB>> {
+        let mut this = self.project();
+        let span = this.state.span.clone();
         let _enter = span.enter();
-        if self.state.spans.is_none() && !span.is_disabled() {
-            self.as_mut().project().state.spans = AttemptSpans::of_call(&span);
+        if this.state.spans.is_none() && !span.is_disabled() {
+            this.state.spans = AttemptSpans::of_call(&span);
         }
         let read = || tokio::time::Instant::now().into_std();
-        let mut now = Now::lazy(&read);
-        if self.state.engine.adaptive_delay().is_some() && self.state.first_sent_at.is_none() {
-            self.as_mut().project().state.first_sent_at = Some(now.get());
-        }
-        // The deadline wins over an answer that is ready in the same poll (an answer wins over
-        // the attempt's own timeout, which the engine sees after the answers).
-        let timer_fired = self
-            .as_mut()
-            .project()
-            .state
-            .timer
-            .as_mut()
-            .is_some_and(|timer| timer.as_mut().poll(cx).is_ready());
-        if timer_fired
-            && self
-                .state
-                .engine
-                .deadline()
-                .is_some_and(|deadline| now.get() >= deadline)
-        {
-            match self.as_mut().act(&mut now, cx) {
-                Step::Done(result) => return Poll::Ready(result),
-                Step::Again | Step::Pending => {}
-            }
+        let mut rng = LazyRng::default();
+        let mut inputs = Inputs::new(&read, &mut rng);
+        if this.state.engine.adaptive_delay().is_some() && this.state.first_sent_at.is_none() {
+            this.state.first_sent_at = Some(inputs.now());
         }
         loop {
-            let answered = match self.as_mut().poll_attempts(&mut now, cx) {
-                Step::Done(result) => return Poll::Ready(result),
-                Step::Again => true,
-                Step::Pending => false,
-            };
-            self.as_mut().poll_commit(cx);
-            match self.as_mut().act(&mut now, cx) {
-                Step::Done(result) => return Poll::Ready(result),
-                Step::Again => continue,
-                Step::Pending if answered => continue,
-                Step::Pending => return Poll::Pending,
+            // Events in a fixed order: the timer (the deadline wins over an answer ready in
+            // the same poll), the body's commit (seen before any answer), then the answers.
+            if poll_timer(&mut this.state.timer, cx) {
+                inputs.reset();
+                this.state.engine.on_timer(&mut inputs);
+            }
+            if let Poll::Ready(reader) = this.state.call.poll_committed(cx) {
+                this.state.engine.on_commit(reader);
+            }
+            if let Some(result) = poll_attempts(&mut this, &mut inputs, cx) {
+                return Poll::Ready(result);
+            }
+            match act(&mut this, &mut inputs, cx) {
+                Some(Step::Done(result)) => return Poll::Ready(result),
+                Some(Step::Again) => continue,
+                None => return Poll::Pending,
             }
         }
     }
+}
 
-    /// Polls every attempt in flight, and feeds each answer to the engine.
-    fn poll_attempts(
-        self: Pin<&mut Self>,
-        now: &mut Now<'_>,
-        cx: &mut Context<'_>,
-    ) -> Step<Result<Response<RB>, BoxError>> {
-        let mut this = self.project();
-        let mut answered = false;
-        if let Some(first) = this.first.as_mut().as_pin_mut() {
-            let entered = this
-                .state
-                .spans
-                .as_deref()
-                .and_then(|s| s.enter(AttemptId::FIRST));
-            let polled = first.poll(cx);
-            drop(entered);
-            if let Poll::Ready(result) = polled {
-                this.first.set(None);
-                answered = true;
-                let (sent_at, reader) = (this.state.first_sent_at, this.state.first_reader);
-                let first = AttemptId::FIRST;
-                if let Some(done) = answer(&mut this, first, reader, sent_at, result, now) {
-                    return Step::Done(done);
-                }
+enum Step<T> {
+    /// Something changed (an attempt was sent or the timer fired): look again.
+    Again,
+    Done(T),
+}
+
+type Proj<'a, S, B> = DriverProj<'a, S, B>;
+
+/// Polls every attempt in flight, and feeds each answer to the engine; gives the call's
+/// result if an answer ends it.
+fn poll_attempts<S, B, RB>(
+    this: &mut Proj<'_, S, B>,
+    inputs: &mut Inputs<'_>,
+    cx: &mut Context<'_>,
+) -> Option<Output<RB>>
+where
+    S: Service<Request<B>, Response = Response<RB>> + Clone,
+    S::Error: Into<BoxError>,
+    B: Replay,
+{
+    if let Some(first) = this.first.as_mut().as_pin_mut() {
+        let spans = this.state.spans.as_deref();
+        let entered = spans.and_then(|s| s.enter(AttemptId::FIRST.send));
+        let polled = first.poll(cx);
+        drop(entered);
+        if let Poll::Ready(result) = polled {
+            this.first.set(None);
+            let sent_at = this.state.first_sent_at;
+            let done = answer(this, AttemptId::FIRST, sent_at, result, inputs);
+            if done.is_some() {
+                return done;
             }
         }
-        let mut i = 0;
-        while let Some(attempt) = this.state.others.get_mut(i) {
-            let entered = this
-                .state
-                .spans
-                .as_deref()
-                .and_then(|s| s.enter(attempt.id));
-            let polled = attempt.future.as_mut().poll(cx);
-            drop(entered);
-            let Poll::Ready(result) = polled else {
-                i += 1;
-                continue;
-            };
-            let Attempt {
-                id,
-                reader,
-                sent_at,
-                ..
-            } = this.state.others.remove(i);
-            answered = true;
-            if let Some(done) = answer(&mut this, id, reader, Some(sent_at), result, now) {
-                return Step::Done(done);
-            }
-        }
-        if answered { Step::Again } else { Step::Pending }
     }
-
-    /// Tells the engine when the body committed itself to one attempt (it outgrew the
-    /// buffer, or its source failed), whichever task polled it: the body wakes the call.
-    fn poll_commit(self: Pin<&mut Self>, cx: &mut Context<'_>) {
-        let mut this = self.project();
-        let committed = this.state.call.poll_committed(cx);
-        if let Poll::Ready(reader) = committed {
-            on_commit(&mut this, reader);
+    let mut i = 0;
+    while let Some(attempt) = this.state.others.get_mut(i) {
+        let spans = this.state.spans.as_deref();
+        let entered = spans.and_then(|s| s.enter(attempt.id.send));
+        let polled = attempt.future.as_mut().poll(cx);
+        drop(entered);
+        let Poll::Ready(result) = polled else {
+            i += 1;
+            continue;
+        };
+        let Attempt { id, sent_at, .. } = this.state.others.remove(i);
+        let done = answer(this, id, Some(sent_at), result, inputs);
+        if done.is_some() {
+            return done;
         }
     }
+    None
+}
 
-    /// Carries out the engine's actions until it waits or ends the call.
-    fn act(
-        self: Pin<&mut Self>,
-        now: &mut Now<'_>,
-        cx: &mut Context<'_>,
-    ) -> Step<Result<Response<RB>, BoxError>> {
-        let mut this = self.project();
-        let mut changed = false;
-        loop {
-            match this.state.engine.poll(now) {
-                Action::Send(send) => {
-                    let service = this
-                        .state
-                        .service
-                        .get_or_insert_with(|| this.state.shared.service());
-                    match service.poll_ready(cx) {
-                        Poll::Pending => {
-                            // The deadline still runs while the service is not ready.
-                            if arm(
-                                &mut this.state.timer,
-                                this.state.engine.wake_after(now.get()),
-                                cx,
-                            ) {
-                                now.reset();
-                                continue;
-                            }
-                            return if changed { Step::Again } else { Step::Pending };
-                        }
-                        Poll::Ready(Err(error)) => {
-                            if this.state.engine.on_service_error() {
-                                return Step::Done(Err(error.into()));
-                            }
-                            continue;
-                        }
-                        Poll::Ready(Ok(())) => {}
-                    }
-                    let sent = this.state.engine.attempts().sent();
-                    let deadline = this.state.engine.deadline();
-                    let Some((request, reader)) =
-                        this.state.call.request(send, sent, deadline, now.get())
-                    else {
-                        // The body outgrew the buffer while the call waited: committed to
-                        // what an earlier attempt got.
-                        this.state.engine.on_commit(None);
-                        continue;
-                    };
-                    let future = service.call(request);
-                    let id = this.state.engine.on_sent(send, now);
-                    if !send.transparent {
-                        this.state
-                            .stats
-                            .get(this.state.shared.policies.stats(), this.state.call.path())
-                            .record_retry(id.number - 1);
-                    }
-                    this.state
-                        .span
-                        .record("http.request.resend_count", id.send - 1);
-                    crate::telemetry::hedge_sent(id, send);
-                    if let Some(spans) = &mut this.state.spans {
-                        spans.sent(&this.state.span, id, send);
-                    }
-                    this.state.others.push(Attempt {
-                        id,
-                        reader,
-                        sent_at: now.get(),
-                        future: Box::pin(future),
-                    });
-                    changed = true;
-                }
-                Action::Cancel(cancel) => {
-                    if let Some(spans) = &mut this.state.spans {
-                        spans.cancelled(cancel);
-                    }
-                    match cancel {
-                        Cancel::AllBut(keep) => {
-                            if keep != AttemptId::FIRST {
-                                this.first.set(None);
-                            }
-                            this.state.others.retain(|a| a.id == keep);
-                        }
-                        Cancel::All => {
-                            this.first.set(None);
-                            this.state.others.clear();
-                        }
-                        Cancel::TimedOut(id) => {
-                            if id == AttemptId::FIRST {
-                                this.first.set(None);
-                            } else {
-                                this.state.others.retain(|a| a.id != id);
-                            }
-                            this.state.last =
-                                Some(Box::new(Err(attempt_timed_out(this.state.engine.grpc()))));
-                        }
-                    }
-                    changed = true;
-                }
-                Action::ReturnLast => {
-                    let attempts = this.state.engine.attempts();
-                    let last = this
-                        .state
-                        .last
-                        .take()
-                        .map_or_else(|| Err(no_result()), |last| *last);
-                    return Step::Done(finish(last, attempts, this.state.engine.grpc()));
-                }
-                Action::DeadlineExceeded => {
+/// Carries out the engine's actions until it waits (`None`) or ends the call.
+fn act<S, B, RB>(
+    this: &mut Proj<'_, S, B>,
+    inputs: &mut Inputs<'_>,
+    cx: &mut Context<'_>,
+) -> Option<Step<Output<RB>>>
+where
+    S: Service<Request<B>, Response = Response<RB>> + Clone,
+    S::Error: Into<BoxError>,
+    B: Replay,
+{
+    loop {
+        match this.state.engine.poll(inputs) {
+            Action::Send(send) => match send_attempt(this, send, inputs, cx) {
+                Sent::Yes | Sent::No => return Some(Step::Again),
+                Sent::NotReady => return None,
+                Sent::Failed(result) => return Some(Step::Done(*result)),
+            },
+            Action::Cancel => {
+                let engine = &this.state.engine;
+                if this.first.is_some() && !engine.is_live(AttemptId::FIRST) {
                     this.first.set(None);
-                    this.state.others.clear();
-                    let attempts = this.state.engine.attempts();
-                    let error = deadline_exceeded(this.state.engine.grpc());
-                    return Step::Done(finish(Err(error), attempts, this.state.engine.grpc()));
                 }
-                Action::Wait(at) => {
-                    if !arm(&mut this.state.timer, at, cx) {
-                        return if changed { Step::Again } else { Step::Pending };
-                    }
-                    now.reset();
+                this.state.others.retain(|a| engine.is_live(a.id));
+                if let Some(spans) = &mut this.state.spans {
+                    spans.cancelled(|send| !engine.is_live_send(send));
                 }
+            }
+            Action::TimedOut(id) => {
+                if id == AttemptId::FIRST {
+                    this.first.set(None);
+                } else {
+                    this.state.others.retain(|a| a.id != id);
+                }
+                if let Some(spans) = &mut this.state.spans {
+                    spans.timed_out(id.send);
+                }
+                let error = attempt_timed_out(this.state.engine.grpc());
+                this.state.last = Some(Box::new(Err(error)));
+            }
+            Action::End(end) => return Some(Step::Done(end_call(this, end))),
+            Action::Wait(at) => {
+                if !arm(&mut this.state.timer, at, cx) {
+                    return None;
+                }
+                inputs.reset();
+                this.state.engine.on_timer(inputs);
             }
         }
     }
+}
+
+/// How a send went.
+enum Sent<T> {
+    Yes,
+    /// The engine did not let it go, or the body could not be copied: ask the engine again.
+    No,
+    /// The service is not ready; the call is woken when it is, or at the engine's next time.
+    NotReady,
+    /// The service failed with nothing in flight: the call's result.
+    Failed(T),
+}
+
+/// Sends `send` on the call's own service once it is ready.
+fn send_attempt<S, B, RB>(
+    this: &mut Proj<'_, S, B>,
+    send: Send,
+    inputs: &mut Inputs<'_>,
+    cx: &mut Context<'_>,
+) -> Sent<Box<Output<RB>>>
+where
+    S: Service<Request<B>, Response = Response<RB>> + Clone,
+    S::Error: Into<BoxError>,
+    B: Replay,
+{
+    let state = &mut **this.state;
+    let service = state.service.get_or_insert_with(|| state.shared.service());
+    match service.poll_ready(cx) {
+        Poll::Pending => {
+            // The engine's later times still run while the service is not ready.
+            if arm(&mut state.timer, state.engine.wake_after(inputs.now()), cx) {
+                inputs.reset();
+                state.engine.on_timer(inputs);
+                return Sent::No;
+            }
+            return Sent::NotReady;
+        }
+        Poll::Ready(Err(error)) => {
+            state.service = None;
+            if state.engine.on_service_error() {
+                let marks = state.engine.marks(None);
+                return Sent::Failed(Box::new(finish(
+                    Err(error.into()),
+                    marks,
+                    state.engine.grpc(),
+                )));
+            }
+            return Sent::No;
+        }
+        Poll::Ready(Ok(())) => {}
+    }
+    if !state.engine.admit(send) {
+        return Sent::No;
+    }
+    let sent = state.engine.attempts().sent();
+    let deadline = state.engine.deadline();
+    let Some((request, reader)) = state.call.request(send, sent, deadline, inputs.now()) else {
+        // The body committed itself while the call waited.
+        if let Some(reader) = state.call.committed_reader() {
+            state.engine.on_commit(reader);
+        }
+        return Sent::No;
+    };
+    let future = service.call(request);
+    let id = state.engine.on_sent(send, reader, inputs);
+    if !send.transparent {
+        let path = state.call.path();
+        let stats = state.stats.get(state.shared.policies.stats(), path);
+        stats.record_retry(id.number - 1);
+    }
+    state.span.record("http.request.resend_count", id.send - 1);
+    crate::telemetry::hedge_sent(id.send, send.hedge && !send.transparent);
+    if let Some(spans) = &mut state.spans {
+        let fields = AttemptFields {
+            send: id.send,
+            previous: id.number - 1,
+            transparent: send.transparent,
+            hedge: send.hedge,
+        };
+        spans.sent(&state.span, fields);
+    }
+    let future = Box::pin(future);
+    let sent_at = inputs.now();
+    state.others.push(Attempt {
+        id,
+        sent_at,
+        future,
+    });
+    Sent::Yes
+}
+
+/// The call's result when no answer was returned.
+fn end_call<S, B, RB>(this: &mut Proj<'_, S, B>, end: End) -> Output<RB>
+where
+    S: Service<Request<B>, Response = Response<RB>>,
+    S::Error: Into<BoxError>,
+    B: Replay,
+{
+    this.first.set(None);
+    this.state.others.clear();
+    let engine = &this.state.engine;
+    let (result, from) = match end {
+        End::Last(id) => {
+            let last = this.state.last.take();
+            (
+                last.map_or_else(|| Err(no_result()), |last| *last),
+                Some(id),
+            )
+        }
+        End::DeadlineExceeded => (Err(deadline_exceeded(engine.grpc())), None),
+    };
+    finish(result, engine.marks(from), engine.grpc())
+}
+
+/// Polls the call's timer; tells whether it has fired.
+fn poll_timer(timer: &mut Option<Pin<Box<Sleep>>>, cx: &mut Context<'_>) -> bool {
+    timer
+        .as_mut()
+        .is_some_and(|timer| timer.as_mut().poll(cx).is_ready())
 }
 
 /// Sets the call's timer to fire at `at` and polls it; tells whether it has fired.
@@ -475,33 +519,14 @@ fn arm(
     timer.as_mut().poll(cx).is_ready()
 }
 
-/// Tells the engine which attempt the body committed to.
-fn on_commit<S, B>(this: &mut DriverProj<'_, S, B>, reader: u64)
-where
-    S: Service<Request<B>>,
-    B: Replay,
-{
-    let attempt = if this.state.first_reader == reader && this.first.is_some() {
-        Some(AttemptId::FIRST)
-    } else {
-        this.state
-            .others
-            .iter()
-            .find(|a| a.reader == reader)
-            .map(|a| a.id)
-    };
-    this.state.engine.on_commit(attempt);
-}
-
 /// Feeds one attempt's answer to the engine; gives the call's result if it ends with it.
 fn answer<S, B, RB>(
-    this: &mut DriverProj<'_, S, B>,
+    this: &mut Proj<'_, S, B>,
     id: AttemptId,
-    reader: u64,
     sent_at: Option<std::time::Instant>,
     result: Result<Response<RB>, S::Error>,
-    now: &mut Now<'_>,
-) -> Option<Result<Response<RB>, BoxError>>
+    inputs: &mut Inputs<'_>,
+) -> Option<Output<RB>>
 where
     S: Service<Request<B>, Response = Response<RB>>,
     S::Error: Into<BoxError>,
@@ -515,97 +540,84 @@ where
         },
         Err(error) => AttemptResult::Error(&**error),
     };
-    let outcome: Outcome = this.state.engine.classifier().classify(view);
-    if let Some(spans) = &mut this.state.spans {
-        spans.answered(id, &outcome);
+    let state = &mut **this.state;
+    let outcome = state.engine.classifier().classify(view);
+    if let Some(spans) = &mut state.spans {
+        spans.answered(id.send, &outcome);
     }
-    if outcome != Outcome::Success
-        && let Some(reader) = this.state.call.committed_reader()
-    {
-        // A failure may be a body error of an attempt that another one's commit cut off.
-        on_commit(this, reader);
-    }
-    let verdict = this.state.engine.on_answer(id, outcome, view, now);
-    for _ in 0..this.state.engine.take_retry_failures() {
-        this.state
-            .stats
-            .get(this.state.shared.policies.stats(), this.state.call.path())
-            .record_retry_failure();
+    let verdict = state
+        .engine
+        .on_answer(id, outcome, view, &state.call, inputs);
+    for _ in 0..state.engine.take_retry_failures() {
+        let path = state.call.path();
+        let stats = state.stats.get(state.shared.policies.stats(), path);
+        stats.record_retry_failure();
     }
     match verdict {
         Verdict::Return => {
-            if outcome == Outcome::Success
-                && let (Some(delay), Some(sent_at)) = (this.state.engine.adaptive_delay(), sent_at)
+            if let (true, Some(delay), Some(sent_at)) =
+                (result.is_ok(), state.engine.adaptive_delay(), sent_at)
             {
-                delay.record(now.get().saturating_duration_since(sent_at));
+                delay.record(inputs.now().saturating_duration_since(sent_at));
             }
             this.first.set(None);
-            this.state.others.clear();
-            if result.is_ok() {
-                // The call is committed to this attempt: the replay buffer is released now,
-                // even if the attempt goes on streaming its request body.
-                this.state.call.commit(reader);
-            }
-            Some(finish(
-                result,
-                this.state.engine.attempts(),
-                this.state.engine.grpc(),
-            ))
+            state.others.clear();
+            let grpc = state.engine.grpc();
+            Some(finish(result, state.engine.marks(Some(id)), grpc))
         }
         Verdict::Keep => {
-            this.state.last = Some(Box::new(result));
+            state.last = Some(Box::new(result));
             None
         }
         Verdict::Drop => None,
     }
 }
 
-/// The call's result, marked with its attempts when it made more than one: an [`Attempts`]
-/// response extension (and for gRPC `grpc-previous-rpc-attempts`), or an [`Attempted`]
-/// error around the last error. Like that header (A6: "it will not be present on the first
-/// RPC"), a call of one attempt is returned as it is, so the success path allocates nothing.
-fn finish<RB>(
-    result: Result<Response<RB>, BoxError>,
-    attempts: Attempts,
-    grpc: bool,
-) -> Result<Response<RB>, BoxError> {
-    if attempts.sent() <= 1 {
+/// The call's result, marked as the engine says when it made more than one attempt: an
+/// [`Attempts`](crate::metadata::Attempts) response extension and, for gRPC, the result's
+/// attempt's `grpc-previous-rpc-attempts`; or an [`Attempted`] error around the last error.
+/// Like that header (A6: "it will not be present on the first RPC"), a call of one attempt
+/// is returned as it is, so the success path allocates nothing.
+fn finish<RB>(result: Output<RB>, marks: Option<Marks>, grpc: bool) -> Output<RB> {
+    let Some(marks) = marks else {
         return result;
-    }
+    };
     match result {
         Ok(mut response) => {
-            if grpc {
+            if grpc && marks.previous > 0 {
                 response.headers_mut().insert(
                     GRPC_PREVIOUS_RPC_ATTEMPTS_NAME,
-                    http::HeaderValue::from(attempts.sent() - 1),
+                    http::HeaderValue::from(marks.previous),
                 );
             }
-            response.extensions_mut().insert(attempts);
+            response.extensions_mut().insert(marks.attempts);
             Ok(response)
         }
-        Err(error) => Err(mark_error(error, attempts)),
+        Err(error) => Err(mark_error(error, marks)),
     }
 }
 
 /// A gRPC status keeps its type (tonic's client reads it as it is) and carries the count as
 /// A6's `grpc-previous-rpc-attempts` metadata; any other error is wrapped in [`Attempted`].
-fn mark_error(error: BoxError, attempts: Attempts) -> BoxError {
+fn mark_error(error: BoxError, marks: Marks) -> BoxError {
     #[cfg(feature = "tonic")]
     let error = match error.downcast::<tonic::Status>() {
         Ok(mut status) => {
-            status.metadata_mut().insert(
-                crate::metadata::GRPC_PREVIOUS_RPC_ATTEMPTS,
-                tonic::metadata::MetadataValue::from(attempts.sent() - 1),
-            );
+            if marks.previous > 0 {
+                status.metadata_mut().insert(
+                    crate::metadata::GRPC_PREVIOUS_RPC_ATTEMPTS,
+                    tonic::metadata::MetadataValue::from(marks.previous),
+                );
+            }
             return status;
         }
         Err(error) => error,
     };
-    Box::new(Attempted::new(error, attempts))
+    Box::new(Attempted::new(error, marks.attempts))
 }
 
-/// The error for a call that ends with no attempt result to return: an attempt left the
-/// call before answering (a service error while none was in flight is returned itself).
+/// The error for a call that ends with no attempt result to return. The engine keeps a
+/// failure before it ends a call with it, so this is a bug.
 fn no_result() -> BoxError {
     "no attempt result left to return".into()
 }

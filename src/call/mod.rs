@@ -1,23 +1,21 @@
-//! One call through a layer: what it keeps to make its attempts, and the future that drives
-//! the [engine](crate::engine) for both layers.
+//! One call through a layer: which layer drives it, what it keeps to make its attempts, and
+//! the future that drives the [engine](crate::engine) for both layers.
 
 mod driver;
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use http::header::CONTENT_TYPE;
 use http::{HeaderValue, Request};
 use tokio::time::Instant;
+use tower_service::Service;
 
 pub(crate) use self::driver::CallFuture;
 use crate::body::{BufferLimits, Copies, Replay};
-use crate::engine::{Engine, Mode, Rules, Send};
+use crate::engine::{self, BodyKind, CallFacts, CommitBody, Engine, Plan, Send, Start, TableFacts};
 use crate::grpc_timeout;
 use crate::metadata::{AttemptInfo, Deadline, GRPC_PREVIOUS_RPC_ATTEMPTS_NAME, TriedBackends};
 use crate::policy::Policies;
-use crate::policy::ThrottleHandle;
-use tower_service::Service;
 
 /// Whether a request is a gRPC call: its content type is `application/grpc` or
 /// `application/grpc+<codec>`.
@@ -32,108 +30,112 @@ fn is_grpc_content_type(value: Option<&HeaderValue>) -> bool {
     })
 }
 
-/// The call's deadline: the earliest of the request's `grpc-timeout` (for a `grpc` call),
-/// the method's `timeout` and a [`Deadline`] extension; `None` when none is set. Also tells
-/// whether the request's own `grpc-timeout` is that deadline. The clock is read only when a
-/// timeout is set.
-pub(crate) fn deadline_of<B>(
-    request: &Request<B>,
-    grpc: bool,
-    timeout: Option<Duration>,
-) -> (Option<Instant>, bool) {
-    let header = if grpc {
-        grpc_timeout::from_headers(request.headers())
+/// The mark of a call that a layer of this crate drives, on every attempt it sends: a layer
+/// below passes such a request through, so a stack of both layers drives each call once.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Driven;
+
+/// Which layer a call went through, for its tracing span.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Layer {
+    Retry,
+    Hedge,
+}
+
+/// A layer's `call`: finds the request's policy, and drives the call as the engine's
+/// [`plan`](crate::engine::plan) says, or passes it through.
+pub(crate) fn call<S, B>(
+    layer: Layer,
+    inner: &mut S,
+    slot: &mut Option<Arc<Shared<S>>>,
+    policies: &Policies,
+    request: Request<B>,
+) -> CallFuture<S, B>
+where
+    S: Service<Request<B>> + Clone,
+    B: Replay,
+{
+    let matched = policies.matched(request.method(), request.uri().path());
+    let facts = CallFacts {
+        method: request.method(),
+        grpc: is_grpc(&request),
+        headers: request.headers(),
+        driven: request.extensions().get::<Driven>().is_some(),
+        deadline: request
+            .extensions()
+            .get::<Deadline>()
+            .map(|deadline| deadline.at().into_std()),
+    };
+    let read = || Instant::now().into_std();
+    let table = TableFacts {
+        max_attempts_cap: policies.max_attempts_cap(),
+        max_pushback: policies.max_pushback(),
+        transparent_retries: policies.transparent_retries(),
+        has_throttle: policies.has_throttle(),
+        track_backends: policies.track_backends(),
+    };
+    let plan = engine::plan(matched.map(|m| m.policy), &table, &facts, &read);
+    let Plan::Drive(mut start) = plan else {
+        return CallFuture::passthrough(inner.call(request));
+    };
+    start.rules.throttle = if start.has_policy {
+        policies.begin_call(&request)
     } else {
-        None
+        policies.throttle_for(&request)
     };
-    let (timeout, from_header) = match (header, timeout) {
-        (Some(a), Some(b)) => (Some(a.min(b)), a <= b),
-        (Some(a), None) => (Some(a), true),
-        (None, b) => (b, false),
+    let route = matched.and_then(|m| m.route.cloned());
+    let span = match layer {
+        Layer::Retry => tracing::debug_span!(
+            "retry",
+            path = %request.uri().path(),
+            http.request.resend_count = tracing::field::Empty,
+        ),
+        Layer::Hedge => tracing::debug_span!(
+            "hedge",
+            path = %request.uri().path(),
+            http.request.resend_count = tracing::field::Empty,
+        ),
     };
-    // A timeout too large to add to now is no deadline at all.
-    let from_timeout = timeout.and_then(|t| Instant::now().checked_add(t));
-    let extension = request.extensions().get::<Deadline>().map(|d| d.at());
-    match (from_timeout, extension) {
-        (Some(a), Some(b)) if b < a => (Some(b), false),
-        (Some(a), _) => (Some(a), from_header),
-        (None, b) => (b, false),
-    }
+    // The ready service takes the first attempt and stays in the layer, warm for the next
+    // call; the call holds the shared spare and clones it only to send another attempt.
+    let shared = Shared::get_or_make(slot, inner, policies);
+    drive(inner, shared, request, start, route, span)
 }
 
-/// What a layer found for a call in its table.
-pub(crate) struct Plan {
-    pub(crate) mode: Mode,
-    /// The method's `timeout`.
-    pub(crate) timeout: Option<Duration>,
-    /// The route whose name the statistics are kept under (else the request path).
-    pub(crate) route: Option<Arc<str>>,
-    pub(crate) throttle: Option<ThrottleHandle>,
-}
-
-/// Starts a call that the engine runs as `plan` says: sends its first attempt on `inner`
-/// (the service that was polled ready) and gives the future that drives the rest.
-pub(crate) fn start<S, B>(
+/// Starts a call as `start` says: sends its first attempt on `inner` (the service that was
+/// polled ready) and gives the future that drives the rest.
+fn drive<S, B>(
     inner: &mut S,
     shared: Arc<Shared<S>>,
-    request: Request<B>,
-    plan: Plan,
+    mut request: Request<B>,
+    start: Start,
+    route: Option<Arc<str>>,
     span: tracing::Span,
 ) -> CallFuture<S, B>
 where
     S: Service<Request<B>>,
     B: Replay,
 {
-    let Plan {
-        mode,
-        timeout,
-        route,
-        throttle,
-    } = plan;
-    let policies = &shared.policies;
-    let grpc = is_grpc(&request);
-    let (deadline, from_header) = deadline_of(&request, grpc, timeout);
-    let mut request = request;
+    let grpc = start.rules.grpc;
     if grpc
-        && !from_header
-        && let Some(deadline) = deadline
+        && !start.deadline_from_header
+        && let Some(deadline) = start.deadline
     {
         // The first attempt tells the server the call's deadline too. A request whose own
         // `grpc-timeout` is the deadline keeps it: re-encoding it would only allocate.
-        let remaining = deadline.saturating_duration_since(Instant::now());
+        let remaining = deadline.saturating_duration_since(Instant::now().into_std());
         request.headers_mut().insert(
             grpc_timeout::GRPC_TIMEOUT_NAME,
             grpc_timeout::encode(remaining),
         );
     }
-    let track_backends = policies.track_backends()
-        || matches!(&mode, Mode::Hedge(policy, _) if policy.track_backends);
-    let (max_attempts, may_repeat) = match &mode {
-        Mode::Retry(policy) => (
-            policy.max_attempts,
-            policy.retry_non_idempotent
-                || (policy.retry_with_idempotency_key
-                    && request.headers().contains_key("idempotency-key")),
-        ),
-        Mode::Hedge(policy, _) => (policy.max_attempts, policy.non_idempotent),
-        Mode::Single => (1, false),
-    };
-    let may_repeat = may_repeat || grpc || request.method().is_idempotent();
-    let rules = Rules {
-        mode,
-        max_attempts: max_attempts.min(policies.max_attempts_cap()),
-        may_repeat,
-        grpc,
-        max_pushback: policies.max_pushback(),
-        throttle,
-    };
-    let (call, first, reader) =
-        Call::start(request, policies.buffer_limits(), grpc, track_backends);
+    let limits = shared.policies.buffer_limits();
+    let (call, first, reader) = Call::start(request, limits, grpc, start.track_backends);
     let future = inner.call(first);
-    let engine = Engine::new(rules, deadline.map(Instant::into_std));
+    let engine = Engine::new(start.rules, start.deadline, call.body_kind(), reader);
     let stats = driver::StatsHandle::new(route);
     CallFuture::driven(driver::Driver::new(
-        future, reader, shared, call, engine, stats, span,
+        future, shared, call, engine, stats, span,
     ))
 }
 
@@ -220,7 +222,18 @@ impl<B: Replay> Call<B> {
             body,
             grpc,
         };
+        // Marked after the copy of the parts: later attempts are marked as they are made.
+        parts.extensions.insert(Driven);
         (call, Request::from_parts(parts, first), reader)
+    }
+
+    /// How the body can be sent again.
+    pub(crate) fn body_kind(&self) -> BodyKind {
+        match &self.body {
+            Body::Copies(copies) if copies.records() => BodyKind::Recorded,
+            Body::Copies(_) => BodyKind::Clones,
+            Body::Spent => BodyKind::Once,
+        }
     }
 
     /// The request path, for statistics and tracing.
@@ -228,23 +241,19 @@ impl<B: Replay> Call<B> {
         self.head.uri.path()
     }
 
-    /// Whether the call is a gRPC call.
+    /// The call's metric labels, for the route named `route` if it took one.
     #[cfg(feature = "opentelemetry")]
-    pub(crate) fn is_grpc(&self) -> bool {
-        self.grpc
-    }
-
-    /// The request's authority: its URI's, else its `Host` header.
-    #[cfg(feature = "opentelemetry")]
-    pub(crate) fn authority(&self) -> Option<&str> {
-        match self.head.uri.authority() {
+    pub(crate) fn labels(&self, route: Option<&Arc<str>>) -> crate::metrics::Labels {
+        // The request's authority: its URI's, else its `Host` header.
+        let authority = match self.head.uri.authority() {
             Some(authority) => Some(authority.as_str()),
             None => self
                 .head
                 .headers
                 .get(http::header::HOST)
                 .and_then(|host| host.to_str().ok()),
-        }
+        };
+        crate::metrics::Labels::of(self.path(), self.grpc, authority, route)
     }
 
     /// After commit, the reader id of the attempt that goes on.
@@ -261,15 +270,6 @@ impl<B: Replay> Call<B> {
         match &self.body {
             Body::Copies(copies) => copies.poll_committed(cx),
             Body::Spent => std::task::Poll::Pending,
-        }
-    }
-
-    /// Commits the body to the attempt whose response the call returns: nothing is recorded
-    /// any more, and what was gives its bytes back to the budget at once, while that attempt
-    /// may go on streaming.
-    pub(crate) fn commit(&self, reader: u64) {
-        if let Body::Copies(copies) = &self.body {
-            copies.commit(reader);
         }
     }
 
@@ -311,7 +311,22 @@ impl<B: Replay> Call<B> {
             number: sent + 1,
             hedge: send.hedge,
         });
+        extensions.insert(Driven);
         Some((request, reader))
+    }
+}
+
+/// The engine claims the body for the attempt whose answer ends the call: nothing is
+/// recorded any more, and what was gives its bytes back to the budget at once, while that
+/// attempt may go on streaming.
+impl<B: Replay> CommitBody for Call<B> {
+    fn commit(&self, reader: u64) -> u64 {
+        match &self.body {
+            Body::Copies(copies) if !copies.commit(reader) => {
+                copies.committed_reader().unwrap_or(reader)
+            }
+            _ => reader,
+        }
     }
 }
 
@@ -347,57 +362,5 @@ impl Head {
         *request.headers_mut() = self.headers.clone();
         *request.extensions_mut() = self.extensions.clone();
         request
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn parts(pairs: &[(&'static str, &'static str)]) -> Request<()> {
-        let mut request = Request::new(());
-        for (name, value) in pairs {
-            request.headers_mut().append(
-                http::header::HeaderName::from_static(name),
-                HeaderValue::from_static(value),
-            );
-        }
-        request
-    }
-
-    fn deadline(request: &Request<()>, timeout: Option<Duration>) -> (Option<Instant>, bool) {
-        deadline_of(request, is_grpc(request), timeout)
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn the_deadline_is_the_earliest_of_header_timeout_and_extension() {
-        let grpc = [("content-type", "application/grpc"), ("grpc-timeout", "2S")];
-        let now = Instant::now();
-        let secs = Duration::from_secs;
-        assert_eq!(deadline(&parts(&grpc), None), (Some(now + secs(2)), true));
-        assert_eq!(
-            deadline(&parts(&grpc), Some(secs(1))),
-            (Some(now + secs(1)), false)
-        );
-        assert_eq!(
-            deadline(&parts(&grpc), Some(secs(3))),
-            (Some(now + secs(2)), true)
-        );
-        // Not gRPC: its `grpc-timeout` is not the call's.
-        let http = [("content-type", "application/json"), ("grpc-timeout", "1S")];
-        assert_eq!(deadline(&parts(&http), None), (None, false));
-        assert_eq!(
-            deadline(&parts(&http), Some(secs(5))),
-            (Some(now + secs(5)), false)
-        );
-        let mut with_extension = parts(&grpc);
-        with_extension
-            .extensions_mut()
-            .insert(Deadline::at_instant(now + Duration::from_millis(500)));
-        assert_eq!(
-            deadline(&with_extension, Some(secs(1))),
-            (Some(now + Duration::from_millis(500)), false)
-        );
-        assert_eq!(deadline(&parts(&[]), None), (None, false));
     }
 }

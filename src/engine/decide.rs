@@ -4,19 +4,22 @@ use std::time::{Duration, Instant};
 
 use http::{HeaderMap, HeaderValue, StatusCode};
 
-use super::{AttemptId, Engine, Mode, Now, Pending, Send, Verdict, after};
+use super::{AttemptId, CommitBody, Engine, Inputs, Mode, Pending, Send, Verdict, after};
 use crate::backoff::Step;
 use crate::classify::{AttemptResult, Outcome};
 use crate::policy::{RetryContext, RetryDecision};
 use crate::pushback::Pushback;
 
 impl Engine {
+    /// Attempt `attempt`, which sent body reader `reader` and is no longer live, answered.
     pub(super) fn answer(
         &mut self,
         attempt: AttemptId,
+        reader: u64,
         outcome: Outcome,
         result: AttemptResult<'_>,
-        now: &mut Now<'_>,
+        body: &dyn CommitBody,
+        inputs: &mut Inputs<'_>,
     ) -> Verdict {
         if attempt.send <= self.timed_out_through
             && !matches!(outcome, Outcome::Success | Outcome::Fatal(_))
@@ -29,13 +32,19 @@ impl Engine {
         }
         match self.gate(outcome) {
             Outcome::Success => {
+                if !self.claim(attempt, reader, body) {
+                    return Verdict::Drop;
+                }
                 if let Some(throttle) = &self.rules.throttle {
                     throttle.on_success();
                 }
                 tracing::debug!(attempt = attempt.send, reason = "success", "committed");
-                self.finish()
+                Verdict::Return
             }
             Outcome::Fatal(pushback) => {
+                if !self.claim(attempt, reader, body) {
+                    return Verdict::Drop;
+                }
                 self.count_retry_failure(attempt);
                 // A6: a pushback saying "do not retry" counts as a failure even on a code
                 // that would not be retried. A delay over the client's cap is the client's
@@ -48,39 +57,43 @@ impl Engine {
                     }
                 }
                 tracing::debug!(attempt = attempt.send, reason = "fatal", "committed");
-                self.finish()
+                Verdict::Return
             }
-            Outcome::NotSent => self.not_sent(attempt, now.get()),
+            Outcome::NotSent => {
+                self.not_sent(attempt, inputs);
+                self.keep(attempt)
+            }
             Outcome::Refused if !self.refused_retried && self.replayable() => {
                 // Reached the server but not its application: once, at once.
                 self.refused_retried = true;
-                self.resend(attempt, now.get(), Duration::ZERO, "refused");
-                Verdict::Keep
+                self.resend(attempt, inputs.now(), Duration::ZERO, "refused");
+                self.keep(attempt)
             }
             Outcome::Refused => {
                 // A second refusal is the policy's to judge, as the `UNAVAILABLE` it maps to.
                 let outcome = self.refused_as_the_policy_sees_it();
                 self.refused_retried = true;
                 if outcome == Outcome::Refused {
+                    if !self.claim(attempt, reader, body) {
+                        return Verdict::Drop;
+                    }
                     tracing::debug!(attempt = attempt.send, reason = "refused", "committed");
-                    return self.finish();
+                    return Verdict::Return;
                 }
-                self.answer(attempt, outcome, result, now)
+                self.answer(attempt, reader, outcome, result, body, inputs)
             }
             outcome @ Outcome::Retryable(_) => {
                 self.count_retry_failure(attempt);
-                self.retryable(outcome, result, now.get(), false);
-                Verdict::Keep
+                self.retryable(outcome, result, inputs, false);
+                self.keep(attempt)
             }
         }
     }
 
-    /// The call ends with this attempt's result; every other attempt is cancelled.
-    fn finish(&mut self) -> Verdict {
-        self.ended = true;
-        self.unschedule();
-        self.in_flight = 0;
-        Verdict::Return
+    /// Keeps `attempt`'s failure as the call's last.
+    fn keep(&mut self, attempt: AttemptId) -> Verdict {
+        self.last = Some(attempt);
+        Verdict::Keep
     }
 
     fn count_retry_failure(&mut self, attempt: AttemptId) {
@@ -96,11 +109,6 @@ impl Engine {
             Outcome::Retryable(pushback) if !self.rules.may_repeat => Outcome::Fatal(pushback),
             other => other,
         }
-    }
-
-    /// Whether a new attempt can get the whole body.
-    fn replayable(&self) -> bool {
-        self.committed.is_none()
     }
 
     /// How the policy's classifier sees a refused stream: as `UNAVAILABLE` for gRPC (a
@@ -122,32 +130,30 @@ impl Engine {
 
     /// A never-sent attempt: resent with backoff until the deadline (or a count of them,
     /// without one), in every mode alike.
-    fn not_sent(&mut self, attempt: AttemptId, now: Instant) -> Verdict {
+    fn not_sent(&mut self, attempt: AttemptId, inputs: &mut Inputs<'_>) {
         let bounded_out =
             self.deadline.is_none() && self.not_sent_in_a_row >= self.rules.max_transparent();
         if bounded_out || !self.replayable() {
             let reason = if bounded_out {
                 "transparent retries exhausted"
             } else {
-                "committed"
+                "not replayable"
             };
             tracing::debug!(attempt = attempt.send, reason, "not retrying");
-            return Verdict::Keep;
+            return;
         }
-        let delay = self.rules.backoff().sample(
-            Step {
-                attempt: self.not_sent_in_a_row,
-                previous: None,
-            },
-            &mut rand::rng(),
-        );
+        let step = Step {
+            attempt: self.not_sent_in_a_row,
+            previous: None,
+        };
+        let delay = self.rules.backoff().sample(step, inputs.rng());
+        let now = inputs.now();
         if !self.fits(now, delay) {
             tracing::debug!(attempt = attempt.send, reason = "deadline", "not retrying");
-            return Verdict::Keep;
+            return;
         }
         self.not_sent_in_a_row += 1;
         self.resend(attempt, now, delay, "not sent");
-        Verdict::Keep
     }
 
     /// Schedules a transparent resend of `attempt`.
@@ -158,7 +164,7 @@ impl Engine {
             send: Send {
                 number: attempt.number,
                 transparent: true,
-                hedge: self.in_flight > 0,
+                hedge: !self.live.is_empty(),
             },
             granted: true,
         });
@@ -176,7 +182,7 @@ impl Engine {
         &mut self,
         outcome: Outcome,
         result: AttemptResult<'_>,
-        now: Instant,
+        inputs: &mut Inputs<'_>,
         at_once: bool,
     ) {
         if let Some(throttle) = &self.rules.throttle {
@@ -190,7 +196,7 @@ impl Engine {
             other => other,
         };
         if let Mode::Hedge(..) = self.rules.mode {
-            self.next_hedge(pushback, now);
+            self.next_hedge(pushback, inputs.now());
             return;
         }
         let stop = |engine: &mut Engine, reason: &'static str| {
@@ -201,12 +207,13 @@ impl Engine {
             return stop(self, "pushback: stop");
         }
         if !self.may_count_another() {
-            let reason = if self.committed.is_some() {
-                "committed"
-            } else if self.rules.may_repeat {
-                "max attempts"
-            } else {
+            // Before the hook and the throttle: a call that cannot repeat asks neither.
+            let reason = if !self.replayable() {
+                "not replayable"
+            } else if !self.rules.may_repeat {
                 "not idempotent"
+            } else {
+                "max attempts"
             };
             return stop(self, reason);
         }
@@ -219,13 +226,11 @@ impl Engine {
             }
             _ if at_once => Duration::ZERO,
             _ => {
-                let delay = self.rules.backoff().sample(
-                    Step {
-                        attempt: self.backoff_step,
-                        previous: self.previous_delay,
-                    },
-                    &mut rand::rng(),
-                );
+                let step = Step {
+                    attempt: self.backoff_step,
+                    previous: self.previous_delay,
+                };
+                let delay = self.rules.backoff().sample(step, inputs.rng());
                 self.backoff_step = self.backoff_step.saturating_add(1);
                 self.previous_delay = Some(delay);
                 delay
@@ -239,6 +244,7 @@ impl Engine {
             },
             None => return stop(self, "vetoed by on_retry"),
         };
+        let now = inputs.now();
         if !self.fits(now, delay) {
             // Fail fast: the next attempt could not start before the deadline.
             return stop(self, "deadline");
@@ -323,5 +329,44 @@ impl Engine {
             return;
         }
         tracing::debug!(?delay, "next hedge");
+    }
+}
+
+impl Engine {
+    /// The latest counted attempt outlived its per-attempt timeout.
+    pub(super) fn on_attempt_timeout(&mut self, attempt: AttemptId, inputs: &mut Inputs<'_>) {
+        let Some((_, hedge)) = self.rules.per_attempt_timeout() else {
+            return;
+        };
+        if !self.live.contains(attempt) {
+            return;
+        }
+        tracing::debug!(attempt = attempt.send, "per-attempt timeout");
+        self.timed_out_through = attempt.send;
+        let timed_out = crate::error::AttemptTimedOut::new();
+        let result = AttemptResult::Error(&timed_out);
+        if hedge {
+            // Hedge on per-attempt timeout: the slow attempt goes on, the next starts now.
+            // A request that may not be repeated just waits, and its timeout does not count
+            // against the throttle, as when it is not retried.
+            if !self.rules.may_repeat {
+                tracing::debug!(
+                    attempt = attempt.send,
+                    reason = "not idempotent",
+                    "not retrying"
+                );
+                return;
+            }
+            self.retryable(Outcome::Retryable(None), result, inputs, true);
+            return;
+        }
+        self.live.remove(attempt);
+        self.timed_out = Some(attempt);
+        self.last = Some(attempt);
+        self.not_sent_in_a_row = 0;
+        match self.gate(Outcome::Retryable(None)) {
+            outcome @ Outcome::Retryable(_) => self.retryable(outcome, result, inputs, false),
+            _ => self.stopped = true,
+        }
     }
 }

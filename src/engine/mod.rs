@@ -1,31 +1,48 @@
 //! The A6 call as a plain state machine: events in, actions out.
 //!
-//! Every rule of gRFC A6 that decides what a call does next lives here once, for both
-//! layers: a retried call is a hedged call with one attempt in flight and no hedging delay.
-//! The engine owns no futures, reads no clock (the driver passes the time in, read lazily
-//! through [`Now`]) and does no IO; the layers' futures drive it:
+//! Every rule of gRFC A6 that decides what a call does lives here once, for both layers: a
+//! retried call is a hedged call with one attempt in flight and no hedging delay. The engine
+//! owns no futures, reads no clock and draws no random numbers of its own (the driver passes
+//! [`Inputs`]: the time, read lazily, and a random generator), and does no IO.
 //!
 //! ```text
-//! events in:   on_answer (attempt n, its Outcome) | on_commit (the body went to attempt n)
-//!              | on_service_error | poll(now): timers that are due
-//! actions out: Send (counted or transparent, retry or hedge) | Cancel (one, or all but one)
-//!              | ReturnLast | DeadlineExceeded | Wait(until)
+//! events in:   on_sent (attempt n went out with body reader r) | on_answer (attempt n, its
+//!              Outcome) | on_commit (the body committed itself to reader r) | on_timer
+//!              | on_service_error | admit (the service is ready for a send)
+//! actions out: Send (counted or transparent, retry or hedge) | Cancel (drop the attempts
+//!              that are no longer live) | TimedOut (n) | End (the kept failure, or the
+//!              deadline) | Wait (until)
 //! ```
 //!
-//! The engine also keeps the throttle's books (it is a plain shared counter) and the
-//! counters behind [`Attempts`] and the statistics.
+//! The engine owns the whole call, including its most race-prone rule, the commit. It keeps
+//! the set of attempts in flight with the body reader of each, so a commit made by the body
+//! (in whichever task polled it) names the attempt that goes on; an answer of an attempt that
+//! is not live any more means nothing. And when an answer would end the call, the engine
+//! claims the body for that attempt through [`CommitBody`] before it accepts the answer: if
+//! the body committed to another reader first, that other attempt goes on and the answer is
+//! dropped. The winner and the end of a call are decided here, nowhere else.
+//!
+//! What a call's rules are (its policy, the attempt cap, the idempotency gate, the deadline,
+//! and whether this layer drives it at all) is one pure function, [`plan`].
 
 mod decide;
+mod live;
+#[cfg(test)]
+mod model;
+mod rules;
 #[cfg(test)]
 mod tests;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::backoff::{Backoff, Exponential};
+use rand::RngCore;
+
 use crate::classify::{AttemptResult, Classify, Outcome};
 use crate::metadata::Attempts;
-use crate::policy::{HedgePolicy, RetryPolicy, ThrottleHandle};
+use crate::stats::CallCounts;
+
+use self::live::Live;
+pub(crate) use self::rules::{BodyKind, CallFacts, Mode, Plan, Rules, Start, TableFacts, plan};
 
 /// One attempt of a call: the order it was sent in and the counted attempt it belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,168 +70,84 @@ pub(crate) struct Send {
     pub(crate) hedge: bool,
 }
 
+/// How a call ends when no answer is returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum End {
+    /// Return the last failure kept (see [`Verdict::Keep`]), which attempt `0` gave.
+    Last(AttemptId),
+    /// The call's deadline passed.
+    DeadlineExceeded,
+}
+
 /// What the driver should do next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Action {
-    /// Send this attempt now (once the service is ready), then report it with
-    /// [`Engine::on_sent`]. Asked again, the engine gives the same send until it is sent.
+    /// Send this attempt once the service is ready: then [`Engine::admit`] it, and report it
+    /// with [`Engine::on_sent`]. Asked again, the engine gives the same send until it is sent.
     Send(Send),
-    /// Drop these attempts: dropping an attempt's future cancels it.
-    Cancel(Cancel),
-    /// Return the last failure kept (see [`Verdict::Keep`]).
-    ReturnLast,
-    /// The call's deadline passed: drop every attempt and fail.
-    DeadlineExceeded,
-    /// Nothing to do until an attempt answers, the body commits, or this time comes.
-    Wait(Option<Instant>),
-}
-
-/// Which attempts to drop.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Cancel {
-    /// Every attempt but this one (the call is committed to it).
-    AllBut(AttemptId),
-    /// Every attempt: the call is committed to none that is still in flight.
-    All,
-    /// This attempt outlived its per-attempt timeout: its result is an "attempt timed out"
-    /// failure, to keep as the last one.
+    /// Drop every attempt that is not [live](Engine::is_live) any more: dropping an attempt's
+    /// future cancels it.
+    Cancel,
+    /// This attempt outlived its per-attempt timeout: drop it; its result is an "attempt
+    /// timed out" failure, kept as the last one.
     TimedOut(AttemptId),
+    /// The call ends: drop every attempt and return this.
+    End(End),
+    /// Nothing to do until an attempt answers, the body commits, the service is ready, or
+    /// this time comes.
+    Wait(Option<Instant>),
 }
 
 /// What to do with an attempt's result.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Verdict {
-    /// Return it now; every other attempt is cancelled.
+    /// Return it now: the call is committed to this attempt; every other one is cancelled.
     Return,
     /// Keep it as the call's last failure, returned if nothing better comes.
     Keep,
-    /// Drop it: it means nothing (an attempt cut off by a commit, or one whose timeout was
-    /// already counted as its failure).
+    /// Drop it: it means nothing (an attempt cut off by a commit, or by the end of the call,
+    /// or one whose timeout was already counted as its failure).
     Drop,
 }
 
-/// The time, read once and only if a rule needs it: a call answered at once never reads the
-/// clock.
-pub(crate) struct Now<'a> {
-    read: &'a dyn Fn() -> Instant,
-    value: Option<Instant>,
+/// The request body's side of a commit: the one atomic choice of the attempt that goes on.
+pub(crate) trait CommitBody {
+    /// Commits the body to `reader`, unless it is committed already; gives the reader it is
+    /// committed to (`reader` itself for a body that records nothing).
+    fn commit(&self, reader: u64) -> u64;
 }
 
-impl<'a> Now<'a> {
-    /// A time read from `read` the first time it is asked for.
-    pub(crate) fn lazy(read: &'a dyn Fn() -> Instant) -> Now<'a> {
-        Now { read, value: None }
+/// What the engine reads from outside: the time, read once and only if a rule needs it (a
+/// call answered at once never reads the clock), and the random generator of the jitter.
+pub(crate) struct Inputs<'a> {
+    read: &'a dyn Fn() -> Instant,
+    now: Option<Instant>,
+    rng: &'a mut dyn RngCore,
+}
+
+impl<'a> Inputs<'a> {
+    /// The time read from `read` the first time it is asked for; jitter drawn from `rng`.
+    pub(crate) fn new(read: &'a dyn Fn() -> Instant, rng: &'a mut dyn RngCore) -> Inputs<'a> {
+        Inputs {
+            read,
+            now: None,
+            rng,
+        }
     }
 
-    pub(crate) fn get(&mut self) -> Instant {
-        *self.value.get_or_insert_with(self.read)
+    pub(crate) fn now(&mut self) -> Instant {
+        *self.now.get_or_insert_with(self.read)
     }
 
     /// Forgets the time read: a timer fired, so the clock has moved past it.
     pub(crate) fn reset(&mut self) {
-        self.value = None;
+        self.now = None;
+    }
+
+    fn rng(&mut self) -> &mut dyn RngCore {
+        self.rng
     }
 }
-
-/// How a call makes its attempts after the first.
-#[derive(Clone)]
-pub(crate) enum Mode {
-    /// One attempt at a time, the next after a backoff (A6 `retryPolicy`).
-    Retry(Arc<RetryPolicy>),
-    /// A new attempt every `delay`, without waiting for answers (A6 `hedgingPolicy`).
-    Hedge(Arc<HedgePolicy>, Duration),
-    /// No policy: only transparent retries (A6 applies them "regardless of the retry
-    /// configuration"), each answer final.
-    Single,
-}
-
-/// What a call's rules are made of: its policy and what the table says of every call.
-pub(crate) struct Rules {
-    pub(crate) mode: Mode,
-    /// `maxAttempts`, clamped to the client's cap.
-    pub(crate) max_attempts: u32,
-    /// Whether the request may reach the server's application more than once (gRPC, an
-    /// idempotent HTTP method, or an opt-in). When not, only transparent retries are made.
-    pub(crate) may_repeat: bool,
-    pub(crate) grpc: bool,
-    /// The longest pushback waited out; a longer one stops the retries.
-    pub(crate) max_pushback: Duration,
-    pub(crate) throttle: Option<ThrottleHandle>,
-}
-
-impl Rules {
-    fn classifier(&self) -> &dyn Classify {
-        match &self.mode {
-            Mode::Retry(policy) => &*policy.classifier,
-            Mode::Hedge(policy, _) => &*policy.classifier,
-            Mode::Single => &NoPolicy,
-        }
-    }
-
-    /// The backoff of retries after a failure, and of never-sent resends.
-    fn backoff(&self) -> &dyn Backoff {
-        match &self.mode {
-            Mode::Retry(policy) => &*policy.backoff,
-            Mode::Hedge(..) | Mode::Single => &TRANSPARENT_BACKOFF,
-        }
-    }
-
-    fn max_transparent(&self) -> u32 {
-        match &self.mode {
-            Mode::Retry(policy) => policy.max_transparent_retries,
-            Mode::Hedge(..) | Mode::Single => crate::policy::DEFAULT_MAX_TRANSPARENT_RETRIES,
-        }
-    }
-
-    fn hedging_delay(&self) -> Option<Duration> {
-        match &self.mode {
-            Mode::Hedge(_, delay) => Some(*delay),
-            _ => None,
-        }
-    }
-
-    fn per_attempt_timeout(&self) -> Option<(Duration, bool)> {
-        match &self.mode {
-            Mode::Retry(policy) => policy
-                .per_attempt_timeout
-                .map(|timeout| (timeout, policy.hedge_on_per_attempt_timeout)),
-            _ => None,
-        }
-    }
-}
-
-/// How a call without a policy sees its answers: final, successes credit the throttle. A
-/// gRPC status is read where there is one (OK or a committed response is a success); an HTTP
-/// 5xx or 429 is a failure; errors are checked for never-sent and refused attempts.
-#[derive(Debug)]
-struct NoPolicy;
-
-impl Classify for NoPolicy {
-    fn classify(&self, result: AttemptResult<'_>) -> Outcome {
-        match result {
-            AttemptResult::Response { status, headers } => {
-                let failed = match crate::classify::grpc_status(status, headers) {
-                    Some(code) if headers.contains_key("grpc-status") => {
-                        code != crate::classify::Code::Ok
-                    }
-                    _ => status.is_server_error() || status == http::StatusCode::TOO_MANY_REQUESTS,
-                };
-                if failed {
-                    Outcome::Fatal(None)
-                } else {
-                    Outcome::Success
-                }
-            }
-            AttemptResult::Error(error) => {
-                crate::classify::transport_outcome(error).unwrap_or(Outcome::Fatal(None))
-            }
-        }
-    }
-}
-
-/// The backoff of never-sent resends for calls whose policy has none (hedges, no policy):
-/// A6's example schedule, so that a client that cannot connect does not spin.
-const TRANSPARENT_BACKOFF: Exponential = Exponential::A6_EXAMPLE;
 
 /// A send the engine has decided on, due at `at`.
 #[derive(Debug, Clone, Copy)]
@@ -227,17 +160,29 @@ struct Pending {
     granted: bool,
 }
 
+/// Which attempt the call is committed to: once it is, no new attempt may start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Commit {
+    Open,
+    /// To this attempt, which alone may go on.
+    To(AttemptId),
+    /// To a body reader no attempt in flight holds: every attempt in flight is cut off.
+    ToNone,
+}
+
 /// The A6 call: see [the module docs](self).
 pub(crate) struct Engine {
     rules: Rules,
     deadline: Option<Instant>,
+    body: BodyKind,
+    /// The attempts in flight, each with its body reader.
+    live: Live,
     /// Every send so far, transparent ones included.
     sent: u32,
     /// Counted attempts sent (toward `maxAttempts`).
     counted: u32,
     /// Transparent retries sent.
     transparent: u32,
-    in_flight: u32,
     /// Never-sent answers in a row, for their backoff and their bound.
     not_sent_in_a_row: u32,
     refused_retried: bool,
@@ -254,11 +199,15 @@ pub(crate) struct Engine {
     /// Attempts up to this send have timed out and been counted as failures (hedging on the
     /// per-attempt timeout leaves them running).
     timed_out_through: u32,
+    /// An attempt that timed out and is to be dropped.
+    timed_out: Option<AttemptId>,
     /// No more counted attempts: pushback said stop, the throttle refused, the service failed.
     stopped: bool,
-    /// The body went to one attempt (or to none still in flight): no new attempt may start.
-    committed: Option<Option<AttemptId>>,
-    cancel: Option<Cancel>,
+    commit: Commit,
+    /// Attempts left the live set since the last [`Action::Cancel`].
+    cancelled: bool,
+    /// The attempt whose failure is kept as the call's last.
+    last: Option<AttemptId>,
     /// Failed retries (attempts after the first) not yet taken for the statistics.
     retry_failures: u32,
     /// Counted attempts sent while earlier ones might still be in flight.
@@ -268,32 +217,37 @@ pub(crate) struct Engine {
     /// Time spent with no attempt in flight before a later attempt was sent.
     idle: Duration,
     started: bool,
+    /// How the call ends, decided and not yet given to the driver.
+    ending: Option<End>,
     ended: bool,
 }
 
-/// What a call did beyond its first attempt, for gRFC A96's per-call metrics.
-#[cfg_attr(not(feature = "opentelemetry"), allow(dead_code))]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(crate) struct Extra {
-    /// Counted attempts after the first that were not hedges.
-    pub(crate) retries: u32,
-    /// Counted attempts sent while earlier ones might still be in flight.
-    pub(crate) hedges: u32,
-    pub(crate) transparent: u32,
-    /// The time no attempt was in flight before a later one was sent.
-    pub(crate) delay: Duration,
+/// What a call's result carries about its attempts, when it made more than one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Marks {
+    /// Every attempt the call sent.
+    pub(crate) attempts: Attempts,
+    /// `grpc-previous-rpc-attempts` of the attempt the result is from: the counted attempts
+    /// before it, transparent retries excluded (A6; grpc-java gives the winning attempt's).
+    pub(crate) previous: u32,
 }
 
 impl Engine {
-    /// A call whose first attempt has just been sent.
-    pub(crate) fn new(rules: Rules, deadline: Option<Instant>) -> Engine {
+    /// A call whose first attempt has just been sent with body reader `reader`.
+    pub(crate) fn new(
+        rules: Rules,
+        deadline: Option<Instant>,
+        body: BodyKind,
+        reader: u64,
+    ) -> Engine {
         let mut engine = Engine {
             rules,
             deadline,
+            body,
+            live: Live::first(reader),
             sent: 1,
             counted: 1,
             transparent: 0,
-            in_flight: 1,
             not_sent_in_a_row: 0,
             refused_retried: false,
             backoff_step: 0,
@@ -302,14 +256,17 @@ impl Engine {
             resends: Vec::new(),
             attempt_timeout: None,
             timed_out_through: 0,
+            timed_out: None,
             stopped: false,
-            committed: None,
-            cancel: None,
+            commit: Commit::Open,
+            cancelled: false,
+            last: None,
             retry_failures: 0,
             hedges: 0,
             idle_since: None,
             idle: Duration::ZERO,
             started: false,
+            ending: None,
             ended: false,
         };
         if engine.rules.hedging_delay().is_some() && engine.may_count_another() {
@@ -332,13 +289,26 @@ impl Engine {
         Attempts::new(self.sent, self.transparent)
     }
 
-    /// What the call did beyond its first attempt; `None` for a call of one attempt.
-    #[cfg_attr(not(feature = "opentelemetry"), allow(dead_code))]
-    pub(crate) fn extra(&self) -> Option<Extra> {
+    /// What the result of `from` (the attempt it came from; `None` for an error the call
+    /// made itself) carries: `None` for a call of one attempt, whose result is as it was.
+    pub(crate) fn marks(&self, from: Option<AttemptId>) -> Option<Marks> {
         if self.sent <= 1 {
             return None;
         }
-        Some(Extra {
+        let number = from.map_or(self.counted, |id| id.number);
+        Some(Marks {
+            attempts: self.attempts(),
+            previous: number - 1,
+        })
+    }
+
+    /// What the call did beyond its first attempt; `None` for a call of one attempt.
+    #[cfg_attr(not(feature = "opentelemetry"), allow(dead_code))]
+    pub(crate) fn extra(&self) -> Option<CallCounts> {
+        if self.sent <= 1 {
+            return None;
+        }
+        Some(CallCounts {
             retries: self.counted - 1 - self.hedges,
             hedges: self.hedges,
             transparent: self.transparent,
@@ -369,9 +339,29 @@ impl Engine {
         self.rules.grpc
     }
 
+    pub(crate) fn deadline(&self) -> Option<Instant> {
+        self.deadline
+    }
+
+    /// Whether the engine still waits for attempt `id`'s answer.
+    pub(crate) fn is_live(&self, id: AttemptId) -> bool {
+        self.live.contains(id)
+    }
+
+    /// Whether the engine still waits for the attempt sent `send`-th.
+    pub(crate) fn is_live_send(&self, send: u32) -> bool {
+        self.live.contains_send(send)
+    }
+
+    /// Whether the call has ended: every later event is ignored.
+    #[cfg(test)]
+    pub(crate) fn has_ended(&self) -> bool {
+        self.ended
+    }
+
     /// When the engine next needs to be polled if no attempt answers: the deadline, the
     /// attempt's timeout, or a send that is not due yet.
-    pub(crate) fn wake_at(&self) -> Option<Instant> {
+    fn wake_at(&self) -> Option<Instant> {
         let next = self.scheduled().filter_map(|p| p.at).min();
         earliest([next, self.attempt_timeout.map(|(_, at)| at), self.deadline])
     }
@@ -383,10 +373,6 @@ impl Engine {
         let next = self.scheduled().filter_map(|p| p.at).filter(later).min();
         let timeout = self.attempt_timeout.map(|(_, at)| at).filter(later);
         earliest([next, timeout, self.deadline.filter(later)])
-    }
-
-    pub(crate) fn deadline(&self) -> Option<Instant> {
-        self.deadline
     }
 
     /// Anchors the first attempt's timers at the time the call first waits.
@@ -405,11 +391,16 @@ impl Engine {
         }
     }
 
-    /// Whether another counted attempt may be decided on: attempts left, no stop, and the
-    /// request may be repeated.
+    /// Whether a new attempt can be given the whole body.
+    fn replayable(&self) -> bool {
+        self.commit == Commit::Open && self.body != BodyKind::Once
+    }
+
+    /// Whether another counted attempt may be decided on: attempts left, no stop, the body
+    /// can be replayed, and the request may be repeated.
     fn may_count_another(&self) -> bool {
         !self.stopped
-            && self.committed.is_none()
+            && self.replayable()
             && self.rules.may_repeat
             && self.counted + u32::from(self.next.is_some()) < self.rules.max_attempts
     }
@@ -425,145 +416,234 @@ impl Engine {
         self.resends.clear();
     }
 
-    /// An attempt was sent for `send`, which [`poll`](Self::poll) gave.
-    pub(crate) fn on_sent(&mut self, send: Send, now: &mut Now<'_>) -> AttemptId {
+    /// The call ends as `end` says, at the next [`poll`](Self::poll).
+    fn end(&mut self, end: End) {
+        if self.ending.is_none() && !self.ended {
+            // The driver drops every attempt when the call ends: no separate cancel.
+            self.ending = Some(end);
+            self.unschedule();
+            self.live.clear();
+            self.cancelled = false;
+        }
+    }
+
+    /// The service is ready for `send`, which [`poll`](Self::poll) gave: tells whether it
+    /// may go. A counted send asks the throttle here, once, when it can really be sent (a
+    /// budget withdraws when it says yes); a refusal stops the counted attempts.
+    pub(crate) fn admit(&mut self, send: Send) -> bool {
+        if self.ended || self.ending.is_some() {
+            return false;
+        }
+        let Some(next) = self.next.as_mut().filter(|p| p.send == send) else {
+            // A transparent resend: granted when it was decided on.
+            return self.resends.iter().any(|p| p.send == send);
+        };
+        if next.granted {
+            return true;
+        }
+        next.granted = true;
+        if self.throttle_refuses() {
+            self.next = None;
+            return false;
+        }
+        true
+    }
+
+    /// An attempt was sent for `send` (which [`admit`](Self::admit) let go), with body
+    /// reader `reader`.
+    pub(crate) fn on_sent(
+        &mut self,
+        send: Send,
+        reader: u64,
+        inputs: &mut Inputs<'_>,
+    ) -> AttemptId {
         if self.next.is_some_and(|p| p.send == send) {
             self.next = None;
         } else if let Some(i) = self.resends.iter().position(|p| p.send == send) {
             self.resends.swap_remove(i);
         }
         self.sent += 1;
-        self.in_flight += 1;
         if let Some(since) = self.idle_since.take() {
-            self.idle += now.get().saturating_duration_since(since);
+            self.idle += inputs.now().saturating_duration_since(since);
         }
         let id = AttemptId {
             send: self.sent,
             number: send.number,
         };
+        self.live.push(id, reader);
         if send.transparent {
             self.transparent += 1;
-        } else {
-            self.counted += 1;
-            self.hedges += u32::from(send.hedge);
-            if let Some((timeout, _)) = self.rules.per_attempt_timeout() {
-                self.attempt_timeout = Some((id, after(now.get(), timeout)));
-            }
-            if let Some(delay) = self.rules.hedging_delay()
-                && self.may_count_another()
-            {
-                self.next = Some(Pending {
-                    at: Some(after(now.get(), delay)),
-                    send: Send {
-                        number: self.counted + 1,
-                        transparent: false,
-                        hedge: true,
-                    },
-                    granted: false,
-                });
-            }
+            return id;
+        }
+        self.counted += 1;
+        self.hedges += u32::from(send.hedge);
+        if let Some((timeout, _)) = self.rules.per_attempt_timeout() {
+            self.attempt_timeout = Some((id, after(inputs.now(), timeout)));
+        }
+        if let Some(delay) = self.rules.hedging_delay()
+            && self.may_count_another()
+        {
+            self.next = Some(Pending {
+                at: Some(after(inputs.now(), delay)),
+                send: Send {
+                    number: self.counted + 1,
+                    transparent: false,
+                    hedge: true,
+                },
+                granted: false,
+            });
         }
         id
     }
 
-    /// The body committed to `attempt` (or to no attempt still in flight) by outgrowing the
-    /// buffer, or failing: only that attempt may go on, and no new one may start.
-    pub(crate) fn on_commit(&mut self, attempt: Option<AttemptId>) {
-        if self.committed.is_some() || self.ended {
+    /// The body committed itself to reader `reader`: it outgrew the buffer, or its source
+    /// failed, in whichever task polled it. Only the attempt that holds that reader may go
+    /// on (none, if no attempt in flight holds it), and no new attempt may start.
+    pub(crate) fn on_commit(&mut self, reader: u64) {
+        if self.commit != Commit::Open || self.ended || self.ending.is_some() {
             return;
         }
+        let attempt = self.live.holding(reader);
         tracing::debug!(
             attempt = attempt.map(|a| a.send),
             reason = "body",
             "committed"
         );
-        self.committed = Some(attempt);
+        self.commit_to(attempt);
+    }
+
+    /// Commits the call to `attempt` (or to none): every other attempt is cut off.
+    fn commit_to(&mut self, attempt: Option<AttemptId>) {
+        self.commit = attempt.map_or(Commit::ToNone, Commit::To);
         self.unschedule();
+        if self.live.retain(|id| Some(id) == attempt) {
+            self.cancelled = true;
+        }
         self.attempt_timeout = None;
-        self.cancel = Some(match attempt {
-            Some(attempt) => Cancel::AllBut(attempt),
-            None => Cancel::All,
-        });
+    }
+
+    /// Claims the body for `attempt` (whose reader is `reader`), whose answer would end the
+    /// call: whether the call is committed to it. If the body committed to another reader
+    /// first, the call is committed to that reader's attempt instead.
+    fn claim(&mut self, attempt: AttemptId, reader: u64, body: &dyn CommitBody) -> bool {
+        match self.commit {
+            Commit::To(committed) => return committed == attempt,
+            Commit::ToNone => return false,
+            Commit::Open => {}
+        }
+        let chosen = if self.body == BodyKind::Recorded {
+            body.commit(reader)
+        } else {
+            reader
+        };
+        if chosen != reader {
+            tracing::debug!(attempt = attempt.send, "lost the commit to another attempt");
+            self.on_commit(chosen);
+            return false;
+        }
+        self.commit = Commit::To(attempt);
+        true
+    }
+
+    /// A timer fired: the deadline, if it has passed, ends the call before any answer that
+    /// is ready in the same poll is accepted.
+    pub(crate) fn on_timer(&mut self, inputs: &mut Inputs<'_>) {
+        if self
+            .deadline
+            .is_some_and(|deadline| inputs.now() >= deadline)
+        {
+            self.deadline_passed();
+        }
+    }
+
+    fn deadline_passed(&mut self) {
+        if self.ending.is_none() && !self.ended {
+            tracing::debug!(attempts = self.sent, "deadline exceeded");
+            self.end(End::DeadlineExceeded);
+        }
     }
 
     /// The service failed to become ready for a new attempt: no more attempts are sent.
-    /// Returns whether the call has nothing left in flight (so the error is its result).
+    /// Returns whether the call has nothing left in flight, so that the error is its result.
     pub(crate) fn on_service_error(&mut self) -> bool {
+        if self.ended || self.ending.is_some() {
+            return false;
+        }
         self.stopped = true;
         self.unschedule();
-        let over = self.in_flight == 0;
-        self.ended |= over;
-        over
+        if self.live.is_empty() {
+            self.ended = true;
+            return true;
+        }
+        false
     }
 
-    /// What to do next, at `now`: call it until it says [`Action::Wait`] or ends the call.
-    pub(crate) fn poll(&mut self, now: &mut Now<'_>) -> Action {
+    /// What to do next: call it until it says [`Action::Wait`] or ends the call.
+    pub(crate) fn poll(&mut self, inputs: &mut Inputs<'_>) -> Action {
         if self.ended {
             return Action::Wait(None);
         }
-        if let Some(cancel) = self.cancel.take() {
-            self.in_flight = match cancel {
-                Cancel::AllBut(_) => self.in_flight.min(1),
-                Cancel::All => 0,
-                Cancel::TimedOut(_) => self.in_flight.saturating_sub(1),
-            };
-            return Action::Cancel(cancel);
+        if std::mem::take(&mut self.cancelled) {
+            return Action::Cancel;
         }
-        let now = {
-            let now = now.get();
-            self.start(now);
-            now
-        };
-        if self.in_flight == 0 {
+        if let Some(id) = self.timed_out.take() {
+            return Action::TimedOut(id);
+        }
+        if let Some(end) = self.ending.take() {
+            self.ended = true;
+            return Action::End(end);
+        }
+        let now = inputs.now();
+        self.start(now);
+        if self.live.is_empty() {
             // Nothing in flight: the wait until the next send is the call's retry delay.
             self.idle_since.get_or_insert(now);
         }
         if self.deadline.is_some_and(|deadline| now >= deadline) {
-            tracing::debug!(attempts = self.sent, "deadline exceeded");
-            self.ended = true;
-            return Action::DeadlineExceeded;
+            self.deadline_passed();
+            return self.poll(inputs);
         }
         if let Some((attempt, at)) = self.attempt_timeout
             && now >= at
         {
             self.attempt_timeout = None;
-            if let Some(action) = self.on_attempt_timeout(attempt, now) {
-                return action;
-            }
+            self.on_attempt_timeout(attempt, inputs);
+            return self.poll(inputs);
         }
+        self.unschedule_past_the_deadline();
         if let Some(send) = self.due(now) {
             return Action::Send(send);
         }
-        if self.in_flight == 0 && self.scheduled().next().is_none() {
+        if self.live.is_empty() && self.scheduled().next().is_none() {
             self.ended = true;
-            return Action::ReturnLast;
+            return Action::End(self.last_end());
         }
         Action::Wait(self.wake_at())
     }
 
-    /// The send that is due at `now`, if any; asks the throttle for a counted one.
-    fn due(&mut self, now: Instant) -> Option<Send> {
-        let is_due = |p: &Pending| p.at.is_some_and(|at| at <= now);
-        if let Some(resend) = self
-            .resends
-            .iter()
-            .filter(|p| is_due(p))
-            .min_by_key(|p| p.at)
-        {
-            return Some(resend.send);
+    /// The end of a call with nothing in flight and nothing to send: its last failure.
+    fn last_end(&self) -> End {
+        End::Last(self.last.unwrap_or(AttemptId::FIRST))
+    }
+
+    /// Fail fast: a send that cannot start before the deadline never will.
+    fn unschedule_past_the_deadline(&mut self) {
+        let Some(deadline) = self.deadline else {
+            return;
+        };
+        let past = |p: &Pending| p.at.is_some_and(|at| at >= deadline);
+        if self.next.as_ref().is_some_and(past) {
+            tracing::debug!(reason = "deadline", "not retrying");
+            self.next = None;
         }
-        let next = self.next.as_ref().filter(|p| is_due(p))?;
-        let (send, granted) = (next.send, next.granted);
-        if !granted {
-            if self.throttle_refuses() {
-                self.next = None;
-                return None;
-            }
-            if let Some(next) = &mut self.next {
-                next.granted = true;
-            }
-        }
-        Some(send)
+        self.resends.retain(|p| !past(p));
+    }
+
+    /// The send that is due at `now`, if any: transparent resends first.
+    fn due(&self, now: Instant) -> Option<Send> {
+        let is_due = |p: &&Pending| p.at.is_some_and(|at| at <= now);
+        let resend = self.resends.iter().filter(is_due).min_by_key(|p| p.at);
+        resend.or(self.next.as_ref().filter(is_due)).map(|p| p.send)
     }
 
     /// Asks the throttle for one more counted attempt, once per attempt (a budget withdraws
@@ -581,71 +661,33 @@ impl Engine {
         refused
     }
 
-    /// The latest counted attempt outlived its per-attempt timeout.
-    fn on_attempt_timeout(&mut self, attempt: AttemptId, now: Instant) -> Option<Action> {
-        let (_, hedge) = self.rules.per_attempt_timeout()?;
-        tracing::debug!(attempt = attempt.send, "per-attempt timeout");
-        self.timed_out_through = attempt.send;
-        let timed_out = crate::error::AttemptTimedOut::new();
-        let result = AttemptResult::Error(&timed_out);
-        if hedge {
-            // Hedge on per-attempt timeout: the slow attempt goes on, the next starts now.
-            // A request that may not be repeated just waits, and its timeout does not count
-            // against the throttle, as when it is not retried.
-            if !self.rules.may_repeat {
-                tracing::debug!(
-                    attempt = attempt.send,
-                    reason = "not idempotent",
-                    "not retrying"
-                );
-                return None;
-            }
-            self.retryable(Outcome::Retryable(None), result, now, true);
-            return None;
-        }
-        self.cancel = Some(Cancel::TimedOut(attempt));
-        self.not_sent_in_a_row = 0;
-        let outcome = self.gate(Outcome::Retryable(None));
-        match outcome {
-            Outcome::Retryable(_) => self.retryable(outcome, result, now, false),
-            _ => self.stopped = true,
-        }
-        Some(self.poll_cancel())
-    }
-
-    fn poll_cancel(&mut self) -> Action {
-        match self.cancel.take() {
-            Some(cancel) => {
-                if let Cancel::TimedOut(_) = cancel {
-                    self.in_flight = self.in_flight.saturating_sub(1);
-                }
-                Action::Cancel(cancel)
-            }
-            None => Action::Wait(None),
-        }
-    }
-
-    /// Attempt `attempt` answered, classified as `outcome` (before the engine's own rules:
-    /// the idempotency gate, the pushback cap, a second refusal).
+    /// Attempt `attempt` (whose body reader is `reader`) answered, classified as `outcome`
+    /// (before the engine's own rules: the idempotency gate, the pushback cap, a second
+    /// refusal). `body` is asked to commit to `reader` if the answer would end the call.
     pub(crate) fn on_answer(
         &mut self,
         attempt: AttemptId,
         outcome: Outcome,
         result: AttemptResult<'_>,
-        now: &mut Now<'_>,
+        body: &dyn CommitBody,
+        inputs: &mut Inputs<'_>,
     ) -> Verdict {
-        if self.ended {
+        if self.ended || self.ending.is_some() {
             return Verdict::Drop;
         }
-        if let Some(committed) = self.committed
-            && committed != Some(attempt)
-        {
-            // Cut off by the commit (and counted out when it was cancelled): its result, a
-            // body error, means nothing.
+        // Not live: cut off by a commit or cancelled (its result, a body error or a reset,
+        // means nothing).
+        let Some(reader) = self.live.remove(attempt) else {
             return Verdict::Drop;
+        };
+        let verdict = self.answer(attempt, reader, outcome, result, body, inputs);
+        if verdict == Verdict::Return {
+            // The driver drops every other attempt as it returns the answer.
+            self.unschedule();
+            self.live.clear();
+            self.ended = true;
         }
-        self.in_flight = self.in_flight.saturating_sub(1);
-        self.answer(attempt, outcome, result, now)
+        verdict
     }
 }
 

@@ -92,9 +92,8 @@ use tower_service::Service;
 pub use self::layer::HedgeLayer;
 use crate::BoxError;
 use crate::body::Replay;
-use crate::call::{CallFuture, Plan, Shared};
-use crate::engine::Mode;
-use crate::policy::{MethodPolicy, Policies};
+use crate::call::{Layer, Shared};
+use crate::policy::Policies;
 pub use crate::retry::ResponseFuture;
 
 /// Hedges requests by their method's [`HedgePolicy`](crate::HedgePolicy): see
@@ -155,61 +154,12 @@ where
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
-        let matched = self
-            .policies
-            .matched(request.method(), request.uri().path());
-        let (mode, timeout, route, throttle) = match matched.map(|m| (m.policy, m.route)) {
-            Some((MethodPolicy::Hedge(policy), route)) => {
-                let mode = Mode::Hedge(policy.clone(), policy.delay.current());
-                let throttle = self.policies.begin_call(&request);
-                (mode, policy.timeout, route.cloned(), throttle)
-            }
-            // Calls without a hedging policy belong to the retry layer below, if this table
-            // made one; alone, this layer gives them what the retry layer would: transparent
-            // retries and the throttle's credit.
-            Some((MethodPolicy::Retry(_), _)) => return self.passthrough(request),
-            _ if self.policies.has_retry_layer() => return self.passthrough(request),
-            Some((MethodPolicy::Timeout(timeout), route)) => {
-                let throttle = self.policies.throttle_for(&request);
-                (Mode::Single, Some(*timeout), route.cloned(), throttle)
-            }
-            None => {
-                let throttle = self.policies.throttle_for(&request);
-                if throttle.is_none() && !self.policies.transparent_retries() {
-                    return self.passthrough(request);
-                }
-                (Mode::Single, None, None, throttle)
-            }
-        };
-        let span = tracing::debug_span!(
-            "hedge",
-            path = %request.uri().path(),
-            http.request.resend_count = tracing::field::Empty,
-        );
-        // As in the retry layer: the ready service takes the first attempt and stays warm in
-        // `self`; the call holds the shared spare and clones it only to send a hedge.
-        let shared = Shared::get_or_make(&mut self.shared, &self.inner, &self.policies);
-        ResponseFuture::new(crate::call::start(
+        ResponseFuture::new(crate::call::call(
+            Layer::Hedge,
             &mut self.inner,
-            shared,
+            &mut self.shared,
+            &self.policies,
             request,
-            Plan {
-                mode,
-                timeout,
-                route,
-                throttle,
-            },
-            span,
         ))
-    }
-}
-
-impl<S> Hedge<S> {
-    fn passthrough<B>(&mut self, request: Request<B>) -> ResponseFuture<S, B>
-    where
-        S: Service<Request<B>>,
-        B: Replay,
-    {
-        ResponseFuture::new(CallFuture::passthrough(self.inner.call(request)))
     }
 }

@@ -4,7 +4,6 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use http::{Method, Request};
@@ -82,14 +81,6 @@ impl Route {
     }
 }
 
-/// Whether the crate's balancer is in use in this process.
-fn balancer_in_use() -> bool {
-    #[cfg(feature = "balance")]
-    return crate::balance::made();
-    #[cfg(not(feature = "balance"))]
-    false
-}
-
 /// The throttle a call counts against: the table's shared one, or its authority's. Neither
 /// allocates per call (a registry keeps each authority's throttle in an `Arc`).
 pub(crate) type ThrottleHandle = Arc<dyn RetryThrottle>;
@@ -124,15 +115,11 @@ struct Table {
     buffer_limits: BufferLimits,
     max_attempts_cap: u32,
     max_pushback: Duration,
-    /// `None`: on once a `balance::Balance` has been made in the process.
-    track_backends: Option<bool>,
+    track_backends: bool,
     transparent_retries: bool,
     stats: Stats,
     #[cfg(feature = "opentelemetry")]
     metrics: Option<crate::telemetry::RetryMetrics>,
-    /// A retry layer was made from this table: a hedge layer above it leaves the calls it
-    /// does not hedge to it (transparent retries, the throttle's credit).
-    retry_layer: AtomicBool,
 }
 
 /// The policy table shared by [`RetryLayer`](crate::RetryLayer) and
@@ -171,7 +158,7 @@ impl Policies {
             buffer_limits: BufferLimits::default(),
             max_attempts_cap: DEFAULT_MAX_ATTEMPTS_CAP,
             max_pushback: DEFAULT_MAX_PUSHBACK,
-            track_backends: None,
+            track_backends: false,
             transparent_retries: true,
             #[cfg(feature = "opentelemetry")]
             metrics: None,
@@ -293,7 +280,6 @@ impl Policies {
     }
 
     /// Whether any throttle is configured.
-    #[cfg(test)]
     pub(crate) fn has_throttle(&self) -> bool {
         !matches!(self.0.throttle, ThrottleChoice::None)
     }
@@ -314,11 +300,9 @@ impl Policies {
     }
 
     /// Whether every call keeps a [`TriedBackends`](crate::metadata::TriedBackends) record
-    /// for the balancer below the layers: as
-    /// [`PoliciesBuilder::track_backends`] set it, else whether a `balance::Balance` has been
-    /// made in this process (never, without the `balance` feature).
+    /// for the balancer below the layers (see [`PoliciesBuilder::track_backends`]).
     pub fn track_backends(&self) -> bool {
-        self.0.track_backends.unwrap_or_else(balancer_in_use)
+        self.0.track_backends
     }
 
     /// Whether calls without a policy get A6's transparent retries (see
@@ -337,17 +321,6 @@ impl Policies {
     pub(crate) fn metrics(&self) -> Option<&crate::telemetry::RetryMetrics> {
         self.0.metrics.as_ref()
     }
-
-    /// Notes that a retry layer was made from this table (see
-    /// [`HedgeLayer`](crate::HedgeLayer) on calls without a policy).
-    pub(crate) fn note_retry_layer(&self) {
-        self.0.retry_layer.store(true, Ordering::Relaxed);
-    }
-
-    /// Whether a retry layer was made from this table.
-    pub(crate) fn has_retry_layer(&self) -> bool {
-        self.0.retry_layer.load(Ordering::Relaxed)
-    }
 }
 
 /// Builds [`Policies`].
@@ -360,7 +333,7 @@ pub struct PoliciesBuilder {
     throttle: ThrottleChoice,
     buffer_limits: BufferLimits,
     max_attempts_cap: u32,
-    track_backends: Option<bool>,
+    track_backends: bool,
     transparent_retries: bool,
     #[cfg(feature = "opentelemetry")]
     metrics: Option<crate::telemetry::RetryMetrics>,
@@ -463,13 +436,24 @@ impl PoliciesBuilder {
     /// go to backends it has not tried (A6: "hedged requests should be sent to distinct
     /// backends").
     ///
-    /// Left unset, the record is kept once the process has made a `balance::Balance` (the
-    /// crate's balancer, feature `balance`, which `BalancedChannel` is built on), and not
-    /// before: it costs an allocation per call, worth it only when a balancer reads it.
-    /// `true` keeps it for another balancer that reads
-    /// [`TriedBackends`](crate::metadata::TriedBackends); `false` never keeps it.
+    /// Off by default: the record costs an allocation per call, worth it only when a
+    /// balancer below reads it. Turn it on over `balance::Balance` or
+    /// `balance::BalancedChannel` (the crate's balancer, feature `balance`), or any other
+    /// balancer that reads [`TriedBackends`](crate::metadata::TriedBackends). A hedging
+    /// policy can keep it for its own calls alone
+    /// ([`HedgePolicyBuilder::track_backends`](crate::policy::HedgePolicyBuilder::track_backends));
+    /// a call keeps it if either says so.
+    ///
+    /// ```
+    /// use tower_retry_hedge::Policies;
+    ///
+    /// // Over a `BalancedChannel`: each retry and hedge of a call goes to a backend it has
+    /// // not tried yet.
+    /// let policies = Policies::builder().track_backends(true).build();
+    /// assert!(policies.track_backends());
+    /// ```
     pub fn track_backends(mut self, enabled: bool) -> Self {
-        self.track_backends = Some(enabled);
+        self.track_backends = enabled;
         self
     }
 
@@ -535,7 +519,6 @@ impl PoliciesBuilder {
             stats: Stats::default(),
             #[cfg(feature = "opentelemetry")]
             metrics: self.metrics,
-            retry_layer: AtomicBool::new(false),
         }))
     }
 }

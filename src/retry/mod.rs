@@ -137,9 +137,8 @@ pub use self::future::ResponseFuture;
 pub use self::layer::RetryLayer;
 use crate::BoxError;
 use crate::body::Replay;
-use crate::call::{CallFuture, Plan, Shared};
-use crate::engine::Mode;
-use crate::policy::{MethodPolicy, Policies};
+use crate::call::{Layer, Shared};
+use crate::policy::Policies;
 
 /// Retries requests by their method's [`RetryPolicy`](crate::RetryPolicy): see
 /// [the module docs](self).
@@ -156,7 +155,6 @@ pub struct Retry<S> {
 impl<S> Retry<S> {
     /// Wraps `inner`.
     pub fn new(inner: S, policies: Policies) -> Retry<S> {
-        policies.note_retry_layer();
         Retry {
             inner,
             shared: None,
@@ -201,53 +199,12 @@ where
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
-        let matched = self
-            .policies
-            .matched(request.method(), request.uri().path());
-        let (mode, timeout, route, throttle) = match matched {
-            Some(matched) => {
-                let (mode, timeout) = match matched.policy {
-                    MethodPolicy::Retry(policy) => (Mode::Retry(policy.clone()), policy.timeout),
-                    MethodPolicy::Timeout(timeout) => (Mode::Single, Some(*timeout)),
-                    // The hedge layer owns this call and its throttle accounting.
-                    MethodPolicy::Hedge(_) => {
-                        return ResponseFuture::new(CallFuture::passthrough(
-                            self.inner.call(request),
-                        ));
-                    }
-                };
-                let throttle = self.policies.begin_call(&request);
-                (mode, timeout, matched.route.cloned(), throttle)
-            }
-            // No policy: A6's transparent retries still apply, and a success still credits
-            // the throttle, as A6 counts every outgoing call.
-            None => {
-                let throttle = self.policies.throttle_for(&request);
-                if throttle.is_none() && !self.policies.transparent_retries() {
-                    return ResponseFuture::new(CallFuture::passthrough(self.inner.call(request)));
-                }
-                (Mode::Single, None, None, throttle)
-            }
-        };
-        let span = tracing::debug_span!(
-            "retry",
-            path = %request.uri().path(),
-            http.request.resend_count = tracing::field::Empty,
-        );
-        // The ready service takes the first attempt and stays in `self`, warm for the next
-        // call; the call holds the shared spare and clones it only if it retries.
-        let shared = Shared::get_or_make(&mut self.shared, &self.inner, &self.policies);
-        ResponseFuture::new(crate::call::start(
+        ResponseFuture::new(crate::call::call(
+            Layer::Retry,
             &mut self.inner,
-            shared,
+            &mut self.shared,
+            &self.policies,
             request,
-            Plan {
-                mode,
-                timeout,
-                route,
-                throttle,
-            },
-            span,
         ))
     }
 }

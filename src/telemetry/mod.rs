@@ -160,11 +160,8 @@
 //! ```
 
 #[cfg(feature = "opentelemetry")]
-mod metrics;
-
-#[cfg(feature = "opentelemetry")]
 #[cfg_attr(docsrs, doc(cfg(feature = "opentelemetry")))]
-pub use self::metrics::{
+pub use crate::metrics::{
     HEDGES, RETRIES, RETRY_BUCKETS, RETRY_DELAY, RETRY_DELAY_BUCKETS, RetryMetrics,
     TRANSPARENT_RETRIES, TRANSPARENT_RETRY_BUCKETS,
 };
@@ -172,7 +169,6 @@ pub use self::metrics::{
 use tracing::Span;
 
 use crate::classify::Outcome;
-use crate::engine::{AttemptId, Cancel, Send};
 
 /// The spans of a call's attempts, kept only while the call's own span is enabled: the
 /// driver holds an `Option<Box<AttemptSpans>>`, `None` for a call traced at no level, so
@@ -181,46 +177,60 @@ use crate::engine::{AttemptId, Cancel, Send};
 /// `RetryLayer` over an echo, 20 000 calls: 3 561 per call before the spans, 3 895 inline,
 /// 3 637 this way, the metrics hooks included).
 ///
-/// An attempt's span is closed when its outcome is recorded: when it answers, times out, or
-/// is cancelled (dropped unanswered; the spans left when the call ends are cancelled too).
+/// Attempts are named by their send number (1 for the first, then every send). An attempt's
+/// span is closed when its outcome is recorded: when it answers, times out, or is cancelled
+/// (dropped unanswered; the spans left when the call ends are cancelled too).
 pub(crate) struct AttemptSpans {
-    open: Vec<(AttemptId, Span)>,
+    open: Vec<(u32, Span)>,
+}
+
+/// An attempt, as its span shows it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct AttemptFields {
+    /// 1 for the first attempt sent, then every send.
+    pub(crate) send: u32,
+    /// gRFC A45's `previous-rpc-attempts`: counted attempts before it.
+    pub(crate) previous: u32,
+    pub(crate) transparent: bool,
+    pub(crate) hedge: bool,
 }
 
 impl AttemptSpans {
     /// The spans of a call whose first attempt is in flight, under the call's span.
     pub(crate) fn of_call(call: &Span) -> Option<Box<AttemptSpans>> {
         let mut spans = AttemptSpans { open: Vec::new() };
-        spans.open(call, AttemptId::FIRST, false, false);
+        let first = AttemptFields {
+            send: 1,
+            previous: 0,
+            transparent: false,
+            hedge: false,
+        };
+        spans.sent(call, first);
         Some(Box::new(spans))
     }
 
-    /// Opens the span of attempt `id`, just sent for `send`.
-    pub(crate) fn sent(&mut self, call: &Span, id: AttemptId, send: Send) {
-        self.open(call, id, send.transparent, send.hedge);
-    }
-
-    fn open(&mut self, call: &Span, id: AttemptId, transparent: bool, hedge: bool) {
+    /// Opens the span of an attempt just sent.
+    pub(crate) fn sent(&mut self, call: &Span, attempt: AttemptFields) {
         let span = tracing::debug_span!(
             parent: call,
             "attempt",
-            attempt = id.send,
-            "previous-rpc-attempts" = id.number - 1,
-            "transparent-retry" = transparent,
-            hedge,
+            attempt = attempt.send,
+            "previous-rpc-attempts" = attempt.previous,
+            "transparent-retry" = attempt.transparent,
+            hedge = attempt.hedge,
             outcome = tracing::field::Empty,
         );
-        self.open.push((id, span));
+        self.open.push((attempt.send, span));
     }
 
-    /// Enters the span of attempt `id`, while the attempt is polled.
-    pub(crate) fn enter(&self, id: AttemptId) -> Option<tracing::span::Entered<'_>> {
-        let (_, span) = self.open.iter().find(|(a, _)| *a == id)?;
+    /// Enters the span of attempt `send`, while the attempt is polled.
+    pub(crate) fn enter(&self, send: u32) -> Option<tracing::span::Entered<'_>> {
+        let (_, span) = self.open.iter().find(|(a, _)| *a == send)?;
         Some(span.enter())
     }
 
-    /// Attempt `id` answered, as the policy's classifier saw it.
-    pub(crate) fn answered(&mut self, id: AttemptId, outcome: &Outcome) {
+    /// Attempt `send` answered, as the policy's classifier saw it.
+    pub(crate) fn answered(&mut self, send: u32, outcome: &Outcome) {
         let name = match outcome {
             Outcome::Success => "success",
             Outcome::Retryable(_) => "retryable",
@@ -228,23 +238,23 @@ impl AttemptSpans {
             Outcome::NotSent => "not sent",
             Outcome::Refused => "refused",
         };
-        self.close(|a| a == id, name);
+        self.close(|a| a == send, name);
     }
 
-    /// The driver drops these attempts unanswered: cancelled, or one that outlived its
-    /// per-attempt timeout.
-    pub(crate) fn cancelled(&mut self, cancel: Cancel) {
-        match cancel {
-            Cancel::AllBut(keep) => self.close(|a| a != keep, "cancelled"),
-            Cancel::All => self.close(|_| true, "cancelled"),
-            Cancel::TimedOut(id) => self.close(|a| a == id, "timed out"),
-        }
+    /// The driver drops the attempts `which` picks unanswered: cancelled.
+    pub(crate) fn cancelled(&mut self, which: impl Fn(u32) -> bool) {
+        self.close(which, "cancelled");
+    }
+
+    /// Attempt `send` outlived its per-attempt timeout.
+    pub(crate) fn timed_out(&mut self, send: u32) {
+        self.close(|a| a == send, "timed out");
     }
 
     /// Records `outcome` on the spans of the attempts `which` picks, and closes them.
-    fn close(&mut self, which: impl Fn(AttemptId) -> bool, outcome: &'static str) {
-        self.open.retain(|(id, span)| {
-            if which(*id) {
+    fn close(&mut self, which: impl Fn(u32) -> bool, outcome: &'static str) {
+        self.open.retain(|(send, span)| {
+            if which(*send) {
                 span.record("outcome", outcome);
                 return false;
             }
@@ -260,35 +270,8 @@ impl Drop for AttemptSpans {
 }
 
 /// Tells of a hedge: a counted attempt sent while others may be in flight.
-pub(crate) fn hedge_sent(id: AttemptId, send: Send) {
-    if send.hedge && !send.transparent {
-        tracing::debug!(attempt = id.send, "hedge sent");
-    }
-}
-
-/// Without the `opentelemetry` feature there is nothing to record.
-#[cfg(not(feature = "opentelemetry"))]
-pub(crate) fn record_call<B: crate::body::Replay>(
-    _: &crate::Policies,
-    _: &crate::engine::Engine,
-    _: &crate::call::Call<B>,
-    _: Option<&std::sync::Arc<str>>,
-) {
-}
-
-/// Records what a call did in the table's metrics, once, when it ends.
-#[cfg(feature = "opentelemetry")]
-pub(crate) fn record_call<B: crate::body::Replay>(
-    policies: &crate::Policies,
-    engine: &crate::engine::Engine,
-    call: &crate::call::Call<B>,
-    route: Option<&std::sync::Arc<str>>,
-) {
-    // A call of one attempt records nothing: the success path stops here.
-    let Some(extra) = engine.extra() else {
-        return;
-    };
-    if let Some(metrics) = policies.metrics() {
-        metrics.record(&extra, &metrics::Labels::of(call, route));
+pub(crate) fn hedge_sent(send: u32, hedge: bool) {
+    if hedge {
+        tracing::debug!(attempt = send, "hedge sent");
     }
 }

@@ -462,8 +462,8 @@ async fn retry_over_one_dead_backend(record: Option<bool>) -> (usize, Vec<Vec<&'
         policies = policies.track_backends(record);
     }
     let policies = policies.build();
-    // The balancer was made above: the default turns the record on.
-    assert_eq!(policies.track_backends(), record.unwrap_or(true));
+    // The record is the table's explicit choice: off unless asked for.
+    assert_eq!(policies.track_backends(), record.unwrap_or(false));
     let service = RetryLayer::new(policies).layer(balanced);
     let mut failed = 0;
     for _ in 0..300 {
@@ -478,8 +478,8 @@ async fn retry_over_one_dead_backend(record: Option<bool>) -> (usize, Vec<Vec<&'
 
 #[tokio::test(start_paused = true)]
 async fn retries_never_return_to_a_backend_the_call_tried() {
-    // No switch set: the balancer's presence turns the record on.
-    let (failed, calls) = retry_over_one_dead_backend(None).await;
+    // The table asks for the record: each call's attempts share it.
+    let (failed, calls) = retry_over_one_dead_backend(Some(true)).await;
     assert_eq!(failed, 0);
     assert_eq!(calls.len(), 300);
     assert!(calls.iter().all(|call| !repeats(call)), "{calls:?}");
@@ -492,7 +492,8 @@ async fn retries_never_return_to_a_backend_the_call_tried() {
 
 #[tokio::test(start_paused = true)]
 async fn without_the_record_retries_can_land_on_the_dead_backend_again() {
-    let (failed, calls) = retry_over_one_dead_backend(Some(false)).await;
+    // Left at its default, the record is off.
+    let (failed, calls) = retry_over_one_dead_backend(None).await;
     // One call in 27 sends its three attempts to the dead backend (the loads are equal
     // between sequential calls): about 11 of 300, and the seeded draws give some.
     assert!(failed > 0, "no call failed");

@@ -268,7 +268,10 @@ async fn with_one_dead_backend_of_three_no_call_fails() {
         .retryable(GrpcCodes::from([Code::Unavailable]))
         .build()
         .expect("valid policy");
-    let policies = Policies::builder().service(SERVICE, policy).build();
+    let policies = Policies::builder()
+        .service(SERVICE, policy)
+        .track_backends(true)
+        .build();
 
     // This crate's balancer: the one-line replacement of `Channel::balance_list`. Making it
     // turns the calls' record of tried backends on: no other line changes.
@@ -329,7 +332,10 @@ async fn hedges_never_go_to_the_backend_their_call_tried() {
         .non_fatal(GrpcCodes::from([Code::Unavailable]))
         .build()
         .expect("valid policy");
-    let policies = Policies::builder().service(SERVICE, policy).build();
+    let policies = Policies::builder()
+        .service(SERVICE, policy)
+        .track_backends(true)
+        .build();
     let channel = BalancedChannel::balance_list(servers.each_ref().map(EchoPeer::endpoint));
     let client = EchoClient::new(HedgeLayer::new(policies).layer(channel));
     // A few calls at a time: with more, the calls queue for the two cores of a debug build,

@@ -7,9 +7,7 @@ use std::sync::Arc;
 use opentelemetry::metrics::{Histogram, Meter};
 use opentelemetry::{KeyValue, Value};
 
-use crate::body::Replay;
-use crate::call::Call;
-use crate::engine::Extra;
+use crate::stats::CallCounts;
 
 /// `grpc.client.call.retries`: counted attempts after the first that were not hedges.
 pub const RETRIES: &str = "grpc.client.call.retries";
@@ -36,7 +34,7 @@ const OTHER: &str = "other";
 
 /// The instruments of gRFC A96, made on a [`Meter`], for
 /// [`PoliciesBuilder::metrics`](crate::policy::PoliciesBuilder::metrics): see the
-/// [module docs](super#metrics) for what each call records.
+/// [module docs](crate::telemetry#metrics) for what each call records.
 ///
 /// Cheap to clone: the instruments are handles.
 ///
@@ -111,7 +109,7 @@ impl RetryMetrics {
     }
 
     /// Records one call that made more than one attempt.
-    pub(crate) fn record(&self, extra: &Extra, labels: &Labels) {
+    pub(crate) fn record(&self, extra: &CallCounts, labels: &Labels) {
         let target = match &self.target {
             Some(target) => Value::from(Arc::clone(target)),
             None => labels.authority.clone(),
@@ -155,17 +153,22 @@ pub(crate) struct Labels {
 }
 
 impl Labels {
-    /// The labels of `call`, which took the route named `route` if any.
-    pub(crate) fn of<B: Replay>(call: &Call<B>, route: Option<&Arc<str>>) -> Labels {
-        let path = call.path();
+    /// The labels of a call to `path` on `authority`, which took the route named `route`
+    /// if any.
+    pub(crate) fn of(
+        path: &str,
+        grpc: bool,
+        authority: Option<&str>,
+        route: Option<&Arc<str>>,
+    ) -> Labels {
         let method = match route {
             Some(route) => Value::from(Arc::clone(route)),
-            None if call.is_grpc() && crate::grpc_path::split(path).is_some() => {
+            None if grpc && crate::grpc_path::split(path).is_some() => {
                 Value::from(path[1..].to_owned())
             }
             None => Value::from(OTHER),
         };
-        let authority = match call.authority() {
+        let authority = match authority {
             Some(authority) if !authority.is_empty() => Value::from(authority.to_owned()),
             _ => Value::from(OTHER),
         };

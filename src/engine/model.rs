@@ -1,0 +1,465 @@
+//! A model test of the engine: random interleavings of answers, body commits, timers,
+//! service errors and drops, driven as the driver drives it, with the call's invariants
+//! checked after every event.
+//!
+//! The model plays the driver (it holds the attempts the engine sent until the engine lets
+//! them go) and the body (a recorded body commits itself, once, to any reader it has given
+//! out, and the engine's claims go through the same single choice).
+
+use std::cell::Cell;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use http::{HeaderMap, StatusCode};
+use proptest::prelude::*;
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
+
+use super::*;
+use crate::backoff::{Exponential, Jitter};
+use crate::classify::{Code, GrpcCodes};
+use crate::policy::{HedgePolicy, RetryPolicy, ThrottleHandle};
+use crate::pushback::Pushback;
+use crate::throttle::Throttle;
+
+/// The body's one choice of a reader, made by itself or claimed by the engine.
+struct Body {
+    committed: Cell<Option<u64>>,
+}
+
+impl CommitBody for Body {
+    fn commit(&self, reader: u64) -> u64 {
+        let chosen = self.committed.get().unwrap_or(reader);
+        self.committed.set(Some(chosen));
+        chosen
+    }
+}
+
+/// One event the world sends the call.
+#[derive(Debug, Clone)]
+enum Event {
+    /// The held attempt at this index (modulo) answers.
+    Answer(usize, Answer),
+    /// The body commits itself to the reader at this index (modulo) of those given out.
+    BodyCommits(usize),
+    /// Time passes, by this many milliseconds, and the timer is polled.
+    Advance(u64),
+    /// The service of a due send: ready, not ready, or failing.
+    Service(Ready),
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Answer {
+    Success,
+    Retryable,
+    Fatal,
+    NotSent,
+    Refused,
+    PushbackAfter(u64),
+    PushbackStop,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Ready {
+    Yes,
+    No,
+    Fails,
+}
+
+fn outcome(answer: Answer) -> Outcome {
+    match answer {
+        Answer::Success => Outcome::Success,
+        Answer::Retryable => Outcome::Retryable(None),
+        Answer::Fatal => Outcome::Fatal(None),
+        Answer::NotSent => Outcome::NotSent,
+        Answer::Refused => Outcome::Refused,
+        Answer::PushbackAfter(ms) => {
+            Outcome::Retryable(Some(Pushback::After(Duration::from_millis(ms))))
+        }
+        Answer::PushbackStop => Outcome::Retryable(Some(Pushback::Stop)),
+    }
+}
+
+fn answers() -> impl Strategy<Value = Answer> {
+    prop_oneof![
+        2 => Just(Answer::Success),
+        4 => Just(Answer::Retryable),
+        1 => Just(Answer::Fatal),
+        2 => Just(Answer::NotSent),
+        2 => Just(Answer::Refused),
+        1 => (0u64..300).prop_map(Answer::PushbackAfter),
+        1 => Just(Answer::PushbackStop),
+    ]
+}
+
+fn events() -> impl Strategy<Value = Event> {
+    prop_oneof![
+        6 => (0usize..8, answers()).prop_map(|(i, a)| Event::Answer(i, a)),
+        1 => (0usize..8).prop_map(Event::BodyCommits),
+        3 => (0u64..400).prop_map(Event::Advance),
+        3 => prop_oneof![
+            4 => Just(Ready::Yes),
+            1 => Just(Ready::No),
+            1 => Just(Ready::Fails),
+        ]
+        .prop_map(Event::Service),
+    ]
+}
+
+/// A call's set-up: its mode, cap, body, deadline and throttle.
+#[derive(Debug, Clone)]
+struct Setup {
+    mode: u8,
+    max_attempts: u32,
+    hedging_delay: u64,
+    body: u8,
+    deadline: Option<u64>,
+    throttle: bool,
+    may_repeat: bool,
+    per_attempt_timeout: Option<u64>,
+}
+
+fn setups() -> impl Strategy<Value = Setup> {
+    (
+        0u8..3,
+        2u32..5,
+        0u64..200,
+        0u8..3,
+        proptest::option::of(50u64..3000),
+        any::<bool>(),
+        prop_oneof![4 => Just(true), 1 => Just(false)],
+        proptest::option::weighted(0.2, 20u64..300),
+    )
+        .prop_map(
+            |(mode, max_attempts, hedging_delay, body, deadline, throttle, may_repeat, timeout)| {
+                Setup {
+                    mode,
+                    max_attempts,
+                    hedging_delay,
+                    body,
+                    deadline,
+                    throttle,
+                    may_repeat,
+                    per_attempt_timeout: timeout,
+                }
+            },
+        )
+}
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+fn engine_for(setup: &Setup, start: Instant) -> Engine {
+    let codes = || GrpcCodes::from([Code::Unavailable]);
+    let backoff = Exponential::new(ms(10), ms(100), 2.0, Jitter::Full).unwrap();
+    let mode = match setup.mode {
+        0 => {
+            let mut builder = RetryPolicy::builder()
+                .max_attempts(setup.max_attempts)
+                .backoff(backoff)
+                .retryable(codes());
+            if let Some(timeout) = setup.per_attempt_timeout {
+                builder = builder.per_attempt_timeout(ms(timeout));
+            }
+            Mode::Retry(Arc::new(builder.build().unwrap()))
+        }
+        1 => {
+            let policy = HedgePolicy::builder()
+                .max_attempts(setup.max_attempts)
+                .delay(ms(setup.hedging_delay))
+                .non_fatal(codes())
+                .build()
+                .unwrap();
+            Mode::Hedge(Arc::new(policy), ms(setup.hedging_delay))
+        }
+        _ => Mode::Single,
+    };
+    let max_attempts = if matches!(mode, Mode::Single) {
+        1
+    } else {
+        setup.max_attempts
+    };
+    let throttle = setup
+        .throttle
+        .then(|| Arc::new(Throttle::new(4, 0.5).unwrap()) as ThrottleHandle);
+    let rules = Rules {
+        mode,
+        max_attempts,
+        may_repeat: setup.may_repeat,
+        grpc: true,
+        max_pushback: ms(200),
+        throttle,
+    };
+    let body = [BodyKind::Clones, BodyKind::Recorded, BodyKind::Once][usize::from(setup.body)];
+    let deadline = setup.deadline.map(|d| start + ms(d));
+    Engine::new(rules, deadline, body, 0)
+}
+
+/// How the call ended, as the driver saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ended {
+    Answer(AttemptId),
+    Last(AttemptId),
+    DeadlineExceeded,
+    ServiceError,
+}
+
+/// The driver and the world, around one engine.
+struct Model {
+    engine: Engine,
+    body: Body,
+    recorded: bool,
+    now: Instant,
+    rng: SmallRng,
+    /// The attempts the driver holds (sent, not yet dropped), with their readers.
+    held: Vec<(AttemptId, u64)>,
+    /// Every reader given out.
+    readers: Vec<u64>,
+    /// The attempts whose failure the driver keeps (the latest is the call's last).
+    kept: Option<AttemptId>,
+    /// The attempt the body committed to, as the engine was told or claimed it.
+    committed_attempt: Option<Option<AttemptId>>,
+    /// The send the engine asks for, if the service has not taken it yet.
+    due: Option<Send>,
+    ended: Option<Ended>,
+    sends: u32,
+    transparent_sends: u32,
+}
+
+impl Model {
+    fn new(setup: &Setup) -> Model {
+        let now = Instant::now();
+        Model {
+            engine: engine_for(setup, now),
+            body: Body {
+                committed: Cell::new(None),
+            },
+            recorded: setup.body == 1,
+            now,
+            rng: SmallRng::seed_from_u64(u64::from(setup.max_attempts)),
+            held: vec![(AttemptId::FIRST, 0)],
+            readers: vec![0],
+            kept: None,
+            committed_attempt: None,
+            due: None,
+            ended: None,
+            sends: 1,
+            transparent_sends: 0,
+        }
+    }
+
+    fn inputs<T>(&mut self, f: impl FnOnce(&mut Engine, &mut Inputs<'_>) -> T) -> T {
+        let now = self.now;
+        let read = move || now;
+        let mut inputs = Inputs::new(&read, &mut self.rng);
+        f(&mut self.engine, &mut inputs)
+    }
+
+    fn end(&mut self, ended: Ended) -> Result<(), TestCaseError> {
+        prop_assert!(
+            self.ended.is_none(),
+            "ended twice: {:?} then {ended:?}",
+            self.ended
+        );
+        self.ended = Some(ended);
+        self.held.clear();
+        self.due = None;
+        Ok(())
+    }
+
+    /// The body's reader `reader` belongs to the attempt the driver holds with it.
+    fn attempt_of(&self, reader: u64) -> Option<AttemptId> {
+        self.held
+            .iter()
+            .find(|(_, r)| *r == reader)
+            .map(|(a, _)| *a)
+    }
+
+    /// Polls the engine until it waits, carrying out its actions as the driver does.
+    fn run(&mut self) -> Result<(), TestCaseError> {
+        for _ in 0..64 {
+            if self.ended.is_some() {
+                prop_assert_eq!(self.inputs(|e, i| e.poll(i)), Action::Wait(None));
+                return Ok(());
+            }
+            match self.inputs(|e, i| e.poll(i)) {
+                Action::Send(send) => {
+                    prop_assert!(
+                        self.committed_attempt.is_none(),
+                        "a send after the commit: {send:?}"
+                    );
+                    self.due = Some(send);
+                    return Ok(());
+                }
+                Action::Cancel => {
+                    let engine = &self.engine;
+                    self.held.retain(|(a, _)| engine.is_live(*a));
+                }
+                Action::TimedOut(id) => {
+                    self.held.retain(|(a, _)| *a != id);
+                    self.kept = Some(id);
+                }
+                Action::End(End::Last(id)) => {
+                    prop_assert_eq!(self.kept, Some(id), "the last failure is the kept one");
+                    if let Some(Some(committed)) = self.committed_attempt {
+                        prop_assert_eq!(committed, id, "a committed call ends with its attempt");
+                    }
+                    prop_assert!(self.engine.has_ended());
+                    self.end(Ended::Last(id))?;
+                }
+                Action::End(End::DeadlineExceeded) => self.end(Ended::DeadlineExceeded)?,
+                Action::Wait(at) => {
+                    self.due = None;
+                    // Nothing in flight and nothing to wait for is a call that never ends.
+                    prop_assert!(
+                        at.is_some() || !self.held.is_empty(),
+                        "the call waits for nothing"
+                    );
+                    return Ok(());
+                }
+            }
+        }
+        Err(TestCaseError::fail("the engine never waits"))
+    }
+
+    fn step(&mut self, event: Event) -> Result<(), TestCaseError> {
+        if self.ended.is_some() {
+            return Ok(());
+        }
+        match event {
+            Event::Answer(i, answer) => {
+                if self.held.is_empty() {
+                    return Ok(());
+                }
+                let (id, _) = self.held.remove(i % self.held.len());
+                let headers = HeaderMap::new();
+                let result = AttemptResult::Response {
+                    status: StatusCode::OK,
+                    headers: &headers,
+                };
+                let body = Body {
+                    committed: Cell::new(self.body.committed.get()),
+                };
+                let verdict = {
+                    let body = &body;
+                    self.inputs(|e, inputs| e.on_answer(id, outcome(answer), result, body, inputs))
+                };
+                let claimed = body.committed.get();
+                self.body.committed.set(claimed);
+                match verdict {
+                    Verdict::Return => {
+                        if let Some(Some(committed)) = self.committed_attempt {
+                            prop_assert_eq!(committed, id, "returned another attempt");
+                        }
+                        prop_assert!(self.committed_attempt != Some(None));
+                        if self.recorded {
+                            let reader = self.readers[id.send as usize - 1];
+                            prop_assert_eq!(claimed, Some(reader), "returned unclaimed");
+                        }
+                        self.end(Ended::Answer(id))?;
+                    }
+                    Verdict::Keep => self.kept = Some(id),
+                    Verdict::Drop => {}
+                }
+                if self.recorded
+                    && let Some(reader) = claimed
+                    && self.committed_attempt.is_none()
+                    && self.ended.is_none()
+                {
+                    // The claim went to another reader: the engine learnt of the commit.
+                    self.committed_attempt = Some(self.attempt_of(reader));
+                }
+            }
+            Event::BodyCommits(i) => {
+                if !self.recorded || self.body.committed.get().is_some() {
+                    return Ok(());
+                }
+                let reader = self.readers[i % self.readers.len()];
+                self.body.committed.set(Some(reader));
+                self.committed_attempt = Some(self.attempt_of(reader));
+                self.engine.on_commit(reader);
+            }
+            Event::Advance(by) => {
+                self.now += ms(by);
+                self.inputs(|e, i| e.on_timer(i));
+            }
+            Event::Service(ready) => {
+                let Some(send) = self.due else {
+                    return Ok(());
+                };
+                match ready {
+                    Ready::No => return Ok(()),
+                    Ready::Fails => {
+                        if self.engine.on_service_error() {
+                            prop_assert!(self.held.is_empty());
+                            self.end(Ended::ServiceError)?;
+                            return Ok(());
+                        }
+                    }
+                    Ready::Yes => {
+                        if self.engine.admit(send) {
+                            if self.recorded && self.body.committed.get().is_some() {
+                                // The body cannot be copied: the driver reports the commit.
+                                let reader = self.body.committed.get().unwrap_or_default();
+                                self.engine.on_commit(reader);
+                            } else {
+                                let reader = self.readers.len() as u64;
+                                self.readers.push(reader);
+                                let id = self.inputs(|e, i| e.on_sent(send, reader, i));
+                                self.sends += 1;
+                                self.transparent_sends += u32::from(send.transparent);
+                                prop_assert_eq!(id.send, self.sends);
+                                self.held.push((id, reader));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        self.check_counters()?;
+        self.run()
+    }
+
+    fn check_counters(&self) -> Result<(), TestCaseError> {
+        let attempts = self.engine.attempts();
+        prop_assert_eq!(attempts.sent(), self.sends);
+        prop_assert_eq!(attempts.transparent(), self.transparent_sends);
+        Ok(())
+    }
+
+    /// After the world has said everything: the call ends once whatever is left answers
+    /// and every timer fires.
+    fn finish(&mut self) -> Result<(), TestCaseError> {
+        for _ in 0..200 {
+            if self.ended.is_some() {
+                return Ok(());
+            }
+            if self.due.is_some() {
+                self.step(Event::Service(Ready::Yes))?;
+            } else if !self.held.is_empty() {
+                self.step(Event::Answer(0, Answer::Fatal))?;
+            } else {
+                self.step(Event::Advance(1000))?;
+            }
+        }
+        Err(TestCaseError::fail("the call never ended"))
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+    #[test]
+    fn every_call_ends_once_with_the_right_result(
+        setup in setups(),
+        events in proptest::collection::vec(events(), 0..40),
+    ) {
+        let mut model = Model::new(&setup);
+        model.run()?;
+        for event in events {
+            model.step(event)?;
+        }
+        model.finish()?;
+    }
+}

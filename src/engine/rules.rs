@@ -1,0 +1,257 @@
+//! What a call's rules are: one pure function of its method's policy, the table it was found
+//! in and the request's own facts.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::backoff::{Backoff, Exponential};
+use crate::classify::{AttemptResult, Classify, Code, Outcome};
+use crate::policy::{HedgePolicy, MethodPolicy, RetryPolicy, ThrottleHandle};
+
+/// How a call makes its attempts after the first.
+#[derive(Clone)]
+pub(crate) enum Mode {
+    /// One attempt at a time, the next after a backoff (A6 `retryPolicy`).
+    Retry(Arc<RetryPolicy>),
+    /// A new attempt every `delay`, without waiting for answers (A6 `hedgingPolicy`).
+    Hedge(Arc<HedgePolicy>, Duration),
+    /// No policy: only transparent retries (A6 applies them "regardless of the retry
+    /// configuration"), each answer final.
+    Single,
+}
+
+/// How the request body can be sent again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BodyKind {
+    /// Every attempt gets a clone; nothing is recorded, and the body never commits itself.
+    Clones,
+    /// The first attempt records what it sends for the others, within the buffer limits;
+    /// the body commits itself to one reader when it outgrows them or its source fails.
+    Recorded,
+    /// The body could not be recorded (it is known to be over the limits): it goes with the
+    /// first attempt, and no other attempt can be made.
+    Once,
+}
+
+/// What a call's rules are made of: its policy and what the table says of every call.
+pub(crate) struct Rules {
+    pub(crate) mode: Mode,
+    /// `maxAttempts`, clamped to the client's cap.
+    pub(crate) max_attempts: u32,
+    /// Whether the request may reach the server's application more than once (gRPC, an
+    /// idempotent HTTP method, or an opt-in). When not, only transparent retries are made.
+    pub(crate) may_repeat: bool,
+    pub(crate) grpc: bool,
+    /// The longest pushback waited out; a longer one stops the retries.
+    pub(crate) max_pushback: Duration,
+    pub(crate) throttle: Option<ThrottleHandle>,
+}
+
+impl Rules {
+    pub(super) fn classifier(&self) -> &dyn Classify {
+        match &self.mode {
+            Mode::Retry(policy) => &*policy.classifier,
+            Mode::Hedge(policy, _) => &*policy.classifier,
+            Mode::Single => &NoPolicy,
+        }
+    }
+
+    /// The backoff of retries after a failure, and of never-sent resends.
+    pub(super) fn backoff(&self) -> &dyn Backoff {
+        match &self.mode {
+            Mode::Retry(policy) => &*policy.backoff,
+            Mode::Hedge(..) | Mode::Single => &TRANSPARENT_BACKOFF,
+        }
+    }
+
+    pub(super) fn max_transparent(&self) -> u32 {
+        match &self.mode {
+            Mode::Retry(policy) => policy.max_transparent_retries,
+            Mode::Hedge(..) | Mode::Single => crate::policy::DEFAULT_MAX_TRANSPARENT_RETRIES,
+        }
+    }
+
+    pub(super) fn hedging_delay(&self) -> Option<Duration> {
+        match &self.mode {
+            Mode::Hedge(_, delay) => Some(*delay),
+            _ => None,
+        }
+    }
+
+    pub(super) fn per_attempt_timeout(&self) -> Option<(Duration, bool)> {
+        match &self.mode {
+            Mode::Retry(policy) => policy
+                .per_attempt_timeout
+                .map(|timeout| (timeout, policy.hedge_on_per_attempt_timeout)),
+            _ => None,
+        }
+    }
+}
+
+/// How a call without a policy sees its answers: final, successes credit the throttle. A
+/// gRPC status is read where there is one (OK or a committed response is a success); an HTTP
+/// 5xx or 429 is a failure; errors are checked for never-sent and refused attempts.
+#[derive(Debug)]
+struct NoPolicy;
+
+impl Classify for NoPolicy {
+    fn classify(&self, result: AttemptResult<'_>) -> Outcome {
+        match result {
+            AttemptResult::Response { status, headers } => {
+                let failed = match crate::classify::grpc_status(status, headers) {
+                    Some(code) if headers.contains_key("grpc-status") => code != Code::Ok,
+                    _ => status.is_server_error() || status == http::StatusCode::TOO_MANY_REQUESTS,
+                };
+                if failed {
+                    Outcome::Fatal(None)
+                } else {
+                    Outcome::Success
+                }
+            }
+            AttemptResult::Error(error) => {
+                crate::classify::transport_outcome(error).unwrap_or(Outcome::Fatal(None))
+            }
+        }
+    }
+}
+
+/// The backoff of never-sent resends for calls whose policy has none (hedges, no policy):
+/// A6's example schedule, so that a client that cannot connect does not spin.
+const TRANSPARENT_BACKOFF: Exponential = Exponential::A6_EXAMPLE;
+
+/// What the policy table says of every call.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TableFacts {
+    pub(crate) max_attempts_cap: u32,
+    pub(crate) max_pushback: Duration,
+    /// Calls without a policy get transparent retries.
+    pub(crate) transparent_retries: bool,
+    /// The table has a throttle, which every call's success credits.
+    pub(crate) has_throttle: bool,
+    /// Every call keeps a record of the backends it tried, for a balancer below.
+    pub(crate) track_backends: bool,
+}
+
+/// What a request says of its own call.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CallFacts<'a> {
+    pub(crate) method: &'a http::Method,
+    /// A gRPC call (`application/grpc` content type).
+    pub(crate) grpc: bool,
+    /// The request's headers: `grpc-timeout` (of a gRPC call), `Idempotency-Key`.
+    pub(crate) headers: &'a http::HeaderMap,
+    /// A layer of this crate above drives the call already (the request carries its mark).
+    pub(crate) driven: bool,
+    /// A [`Deadline`](crate::metadata::Deadline) extension.
+    pub(crate) deadline: Option<Instant>,
+}
+
+/// What a layer does with a call.
+pub(crate) enum Plan {
+    /// Hands it to the service below as it is: a layer above drives it, or nothing of A6
+    /// applies (no policy, no throttle, transparent retries off).
+    Passthrough,
+    /// Drives it.
+    Drive(Start),
+}
+
+/// How a driven call starts.
+pub(crate) struct Start {
+    /// Its rules; the throttle is the layer's to look up (by authority), and is `None` here.
+    pub(crate) rules: Rules,
+    pub(crate) deadline: Option<Instant>,
+    /// The request's own `grpc-timeout` is the deadline: the first attempt keeps it.
+    pub(crate) deadline_from_header: bool,
+    /// The call has a policy: it counts as a call for a budget (`on_call`).
+    pub(crate) has_policy: bool,
+    /// The call keeps a record of the backends its attempts tried.
+    pub(crate) track_backends: bool,
+}
+
+/// The rules of a call: its method's `policy` (if any), what `table` says of every call,
+/// and what the request says (`call`). `now` is read only when a timeout is set.
+///
+/// Whichever layer of the crate meets a call first drives it, by its method's policy (a
+/// retry policy is retried, a hedging policy hedged, the same in either layer); a layer
+/// below sees the mark the driving layer puts on every attempt, and passes it through. So
+/// every call through any stack gets A6's treatment once.
+pub(crate) fn plan(
+    policy: Option<&MethodPolicy>,
+    table: &TableFacts,
+    call: &CallFacts<'_>,
+    now: &dyn Fn() -> Instant,
+) -> Plan {
+    if call.driven {
+        return Plan::Passthrough;
+    }
+    let repeatable = call.grpc || call.method.is_idempotent();
+    let (mode, max_attempts, may_repeat, timeout) = match policy {
+        Some(MethodPolicy::Retry(policy)) => {
+            let opted_in = policy.retry_non_idempotent
+                || (policy.retry_with_idempotency_key
+                    && call.headers.contains_key("idempotency-key"));
+            let mode = Mode::Retry(Arc::clone(policy));
+            (
+                mode,
+                policy.max_attempts,
+                repeatable || opted_in,
+                policy.timeout,
+            )
+        }
+        Some(MethodPolicy::Hedge(policy)) => {
+            let mode = Mode::Hedge(Arc::clone(policy), policy.delay.current());
+            let may_repeat = repeatable || policy.non_idempotent;
+            (mode, policy.max_attempts, may_repeat, policy.timeout)
+        }
+        Some(MethodPolicy::Timeout(timeout)) => (Mode::Single, 1, repeatable, Some(*timeout)),
+        None if !table.has_throttle && !table.transparent_retries => return Plan::Passthrough,
+        None => (Mode::Single, 1, repeatable, None),
+    };
+    let track_backends =
+        table.track_backends || matches!(&mode, Mode::Hedge(policy, _) if policy.track_backends);
+    let (deadline, deadline_from_header) = deadline(call, timeout, now);
+    Plan::Drive(Start {
+        rules: Rules {
+            mode,
+            max_attempts: max_attempts.min(table.max_attempts_cap),
+            may_repeat,
+            grpc: call.grpc,
+            max_pushback: table.max_pushback,
+            throttle: None,
+        },
+        deadline,
+        deadline_from_header,
+        has_policy: matches!(
+            policy,
+            Some(MethodPolicy::Retry(_) | MethodPolicy::Hedge(_))
+        ),
+        track_backends,
+    })
+}
+
+/// The call's deadline: the earliest of the request's `grpc-timeout`, the method's `timeout`
+/// and a deadline extension; `None` when none is set. Also tells whether the request's own
+/// `grpc-timeout` is that deadline.
+fn deadline(
+    call: &CallFacts<'_>,
+    timeout: Option<Duration>,
+    now: &dyn Fn() -> Instant,
+) -> (Option<Instant>, bool) {
+    let header = if call.grpc {
+        crate::grpc_timeout::from_headers(call.headers)
+    } else {
+        None
+    };
+    let (timeout, from_header) = match (header, timeout) {
+        (Some(header), Some(method)) => (Some(header.min(method)), header <= method),
+        (Some(header), None) => (Some(header), true),
+        (None, method) => (method, false),
+    };
+    // A timeout too large to add to now is no deadline at all.
+    let from_timeout = timeout.and_then(|t| now().checked_add(t));
+    match (from_timeout, call.deadline) {
+        (Some(a), Some(b)) if b < a => (Some(b), false),
+        (Some(a), _) => (Some(a), from_header),
+        (None, b) => (b, false),
+    }
+}
