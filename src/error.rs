@@ -1,6 +1,7 @@
 //! Errors the layers make themselves. Errors of the inner service pass through unchanged
 //! (boxed as [`BoxError`](crate::BoxError), so they can be downcast).
 
+use crate::metadata::Attempts;
 use std::fmt;
 
 /// The call's deadline passed before an attempt succeeded.
@@ -150,4 +151,27 @@ pub(crate) fn attempt_timed_out(grpc: bool) -> crate::BoxError {
     }
     let _ = grpc;
     Box::new(AttemptTimedOut::new())
+}
+
+/// Read here, beside [`Attempted`], so that `metadata` does not depend on this module.
+impl Attempts {
+    /// The attempts behind an error of the layers: an [`Attempted`](Attempted)
+    /// error's, or for a `tonic::Status`, its `grpc-previous-rpc-attempts` metadata (plus
+    /// one); a single attempt otherwise (the layers mark only calls of several attempts).
+    pub fn of_error(error: &(dyn std::error::Error + 'static)) -> Attempts {
+        if let Some(attempted) = error.downcast_ref::<Attempted>() {
+            return attempted.attempts();
+        }
+        #[cfg(feature = "tonic")]
+        if let Some(status) = error.downcast_ref::<tonic::Status>()
+            && let Some(previous) = status
+                .metadata()
+                .get(crate::metadata::GRPC_PREVIOUS_RPC_ATTEMPTS)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<u32>().ok())
+        {
+            return Attempts::new(previous.saturating_add(1), 0);
+        }
+        Attempts::new(1, 0)
+    }
 }

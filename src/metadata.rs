@@ -2,11 +2,14 @@
 //!
 //! - Requests: every attempt after the first carries `grpc-previous-rpc-attempts: N` (gRPC
 //!   requests), and gRPC attempts carry the call's *remaining* time in `grpc-timeout`.
-//!   Every attempt after the first carries an [`AttemptInfo`] extension (the first carries
-//!   none, so the success path allocates nothing for it). With
-//!   [`track_backends`](crate::policy::HedgePolicyBuilder::track_backends), every attempt of
-//!   a hedged call carries a shared [`TriedBackends`] list for the load balancer (the
-//!   `balance` module reads and fills it).
+//!   Every attempt after the first carries an [`AttemptInfo`] extension. Every call keeps a
+//!   shared [`TriedBackends`] list for the load balancer (the `balance` module reads and
+//!   fills it) when its table says so,
+//!   [`PoliciesBuilder::track_backends(true)`](crate::policy::PoliciesBuilder::track_backends),
+//!   or when its hedging policy does,
+//!   [`HedgePolicyBuilder::track_backends(true)`](crate::policy::HedgePolicyBuilder::track_backends):
+//!   either switch turns it on; both are off by default, since the list costs an allocation
+//!   per call.
 //! - Responses: a call that made more than one attempt returns an [`Attempts`] extension
 //!   and, for gRPC, `grpc-previous-rpc-attempts` in the response headers (tonic exposes them
 //!   as response metadata). Like that header, the extension is absent after a single attempt,
@@ -68,26 +71,6 @@ impl Attempts {
     /// Attempts that count toward `maxAttempts`.
     pub fn counted(&self) -> u32 {
         self.sent - self.transparent
-    }
-
-    /// The attempts behind an error of the layers: an [`Attempted`](crate::error::Attempted)
-    /// error's, or for a `tonic::Status`, its `grpc-previous-rpc-attempts` metadata (plus
-    /// one); a single attempt otherwise (the layers mark only calls of several attempts).
-    pub fn of_error(error: &(dyn std::error::Error + 'static)) -> Attempts {
-        if let Some(attempted) = error.downcast_ref::<crate::error::Attempted>() {
-            return attempted.attempts();
-        }
-        #[cfg(feature = "tonic")]
-        if let Some(status) = error.downcast_ref::<tonic::Status>()
-            && let Some(previous) = status
-                .metadata()
-                .get(GRPC_PREVIOUS_RPC_ATTEMPTS)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.parse::<u32>().ok())
-        {
-            return Attempts::new(previous.saturating_add(1), 0);
-        }
-        Attempts::new(1, 0)
     }
 
     /// The attempts behind a response of the layers: its extension, or a single attempt when
@@ -198,8 +181,10 @@ impl BackendId {
 /// per attempt and picks, for a later attempt, an endpoint whose id is not listed yet. A
 /// balancer of your own may do the same, or record names ([`record`](Self::record)).
 ///
-/// The layers add it to hedged calls whose policy asks for it
-/// ([`track_backends`](crate::policy::HedgePolicyBuilder::track_backends)). A request that
+/// The layers add it to every call when the table asks for it
+/// ([`PoliciesBuilder::track_backends`](crate::policy::PoliciesBuilder::track_backends)), and
+/// to hedged calls whose policy does
+/// ([`HedgePolicyBuilder::track_backends`](crate::policy::HedgePolicyBuilder::track_backends)). A request that
 /// already carries one keeps it for all of its attempts, since the layers copy a request's
 /// extensions to every attempt: inserting a fresh `TriedBackends::default()` into each request
 /// above the layers turns the record on for any call.

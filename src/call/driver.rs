@@ -9,71 +9,18 @@ use std::task::{Context, Poll};
 
 use http::{Request, Response};
 use pin_project_lite::pin_project;
-use rand::RngCore;
-use rand::rngs::ThreadRng;
 use tokio::time::Sleep;
 use tower_service::Service;
 
-use super::{Call, Shared};
+use super::marks::{finish, no_result};
+use super::{Call, LazyRng, Shared};
 use crate::BoxError;
 use crate::body::Replay;
 use crate::classify::AttemptResult;
-use crate::engine::{Action, AttemptId, End, Engine, Inputs, Marks, Send, Verdict};
-use crate::error::{Attempted, attempt_timed_out, deadline_exceeded};
-use crate::metadata::GRPC_PREVIOUS_RPC_ATTEMPTS_NAME;
-use crate::stats::{MethodStats, Stats};
+use crate::engine::{Action, AttemptId, End, Engine, Inputs, Send, Verdict};
+use crate::error::{attempt_timed_out, deadline_exceeded};
+use crate::stats::MethodStatsSlot;
 use crate::telemetry::{AttemptFields, AttemptSpans};
-
-pin_project! {
-    /// The future of a call through either layer.
-    #[project = CallFutureProj]
-    pub(crate) enum CallFuture<S, B>
-    where
-        S: Service<Request<B>>,
-        B: Replay,
-    {
-        // A call this layer does not drive: the inner future as it is.
-        Passthrough {
-            #[pin]
-            future: S::Future,
-        },
-        // A call the engine runs.
-        Driven {
-            #[pin]
-            driver: Driver<S, B>,
-        },
-    }
-}
-
-impl<S, B> CallFuture<S, B>
-where
-    S: Service<Request<B>>,
-    B: Replay,
-{
-    pub(crate) fn passthrough(future: S::Future) -> Self {
-        CallFuture::Passthrough { future }
-    }
-
-    pub(crate) fn driven(driver: Driver<S, B>) -> Self {
-        CallFuture::Driven { driver }
-    }
-}
-
-impl<S, B, RB> Future for CallFuture<S, B>
-where
-    S: Service<Request<B>, Response = Response<RB>> + Clone,
-    S::Error: Into<BoxError>,
-    B: Replay,
-{
-    type Output = Result<Response<RB>, BoxError>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project() {
-            CallFutureProj::Passthrough { future } => future.poll(cx).map_err(Into::into),
-            CallFutureProj::Driven { driver } => driver.poll(cx),
-        }
-    }
-}
 
 /// An attempt after the first: boxed, so that the list can grow and shrink under it.
 struct Attempt<F> {
@@ -151,31 +98,10 @@ where
     // The last failure kept, returned if nothing better comes. Boxed: only a call that
     // failed once keeps one, and the response type is large to carry in every call.
     last: Option<Box<Result<S::Response, BoxError>>>,
-    stats: StatsHandle,
+    stats: MethodStatsSlot,
     span: tracing::Span,
     // The attempts' spans, made at the first poll if the call's span is enabled.
     spans: Option<Box<AttemptSpans>>,
-}
-
-/// The statistics of a call's method (its path) or route (its name), looked up when the
-/// first retry needs them.
-pub(crate) struct StatsHandle {
-    route: Option<Arc<str>>,
-    method: Option<Arc<MethodStats>>,
-}
-
-impl StatsHandle {
-    pub(crate) fn new(route: Option<Arc<str>>) -> StatsHandle {
-        StatsHandle {
-            route,
-            method: None,
-        }
-    }
-
-    fn get(&mut self, stats: &Stats, path: &str) -> &MethodStats {
-        let key = self.route.as_deref().unwrap_or(path);
-        self.method.get_or_insert_with(|| stats.method(key))
-    }
 }
 
 impl<S, B> Driver<S, B>
@@ -189,7 +115,7 @@ where
         shared: Arc<Shared<S>>,
         call: Call<B>,
         engine: Engine,
-        stats: StatsHandle,
+        stats: MethodStatsSlot,
         span: tracing::Span,
     ) -> Self {
         let state = State {
@@ -212,32 +138,16 @@ where
     }
 }
 
-/// The thread's random generator, taken only when the engine draws a jitter.
-#[derive(Default)]
-struct LazyRng(Option<ThreadRng>);
-
-impl RngCore for LazyRng {
-    fn next_u32(&mut self) -> u32 {
-        self.0.get_or_insert_with(rand::rng).next_u32()
-    }
-
-    fn next_u64(&mut self) -> u64 {
-        self.0.get_or_insert_with(rand::rng).next_u64()
-    }
-
-    fn fill_bytes(&mut self, dest: &mut [u8]) {
-        self.0.get_or_insert_with(rand::rng).fill_bytes(dest)
-    }
-}
-
 type Output<RB> = Result<Response<RB>, BoxError>;
 
-impl<S, B, RB> Driver<S, B>
+impl<S, B, RB> Future for Driver<S, B>
 where
     S: Service<Request<B>, Response = Response<RB>> + Clone,
     S::Error: Into<BoxError>,
     B: Replay,
 {
+    type Output = Output<RB>;
+
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Output<RB>> {
         let mut this = self.project();
         let span = this.state.span.clone();
@@ -402,30 +312,8 @@ where
     B: Replay,
 {
     let state = &mut **this.state;
-    let service = state.service.get_or_insert_with(|| state.shared.service());
-    match service.poll_ready(cx) {
-        Poll::Pending => {
-            // The engine's later times still run while the service is not ready.
-            if arm(&mut state.timer, state.engine.wake_after(inputs.now()), cx) {
-                inputs.reset();
-                state.engine.on_timer(inputs);
-                return Sent::No;
-            }
-            return Sent::NotReady;
-        }
-        Poll::Ready(Err(error)) => {
-            state.service = None;
-            if state.engine.on_service_error() {
-                let marks = state.engine.marks(None);
-                return Sent::Failed(Box::new(finish(
-                    Err(error.into()),
-                    marks,
-                    state.engine.grpc(),
-                )));
-            }
-            return Sent::No;
-        }
-        Poll::Ready(Ok(())) => {}
+    if let Some(not_sent) = poll_service(state, inputs, cx) {
+        return not_sent;
     }
     if !state.engine.admit(send) {
         return Sent::No;
@@ -439,11 +327,13 @@ where
         }
         return Sent::No;
     };
-    let future = service.call(request);
+    let service = state.service.as_mut().expect("polled ready above");
+    let future = Box::pin(service.call(request));
     let id = state.engine.on_sent(send, reader, inputs);
     if !send.transparent {
-        let path = state.call.path();
-        let stats = state.stats.get(state.shared.policies.stats(), path);
+        let stats = state
+            .stats
+            .get(state.shared.policies.stats(), state.call.path());
         stats.record_retry(id.number - 1);
     }
     state.span.record("http.request.resend_count", id.send - 1);
@@ -457,7 +347,6 @@ where
         };
         spans.sent(&state.span, fields);
     }
-    let future = Box::pin(future);
     let sent_at = inputs.now();
     state.others.push(Attempt {
         id,
@@ -465,6 +354,43 @@ where
         future,
     });
     Sent::Yes
+}
+
+/// Polls the call's own service (a clone of the layer's spare) ready; `None` once it is.
+fn poll_service<S, B, RB>(
+    state: &mut State<S, B>,
+    inputs: &mut Inputs<'_>,
+    cx: &mut Context<'_>,
+) -> Option<Sent<Box<Output<RB>>>>
+where
+    S: Service<Request<B>, Response = Response<RB>> + Clone,
+    S::Error: Into<BoxError>,
+    B: Replay,
+{
+    let service = state.service.get_or_insert_with(|| state.shared.service());
+    match service.poll_ready(cx) {
+        Poll::Ready(Ok(())) => None,
+        // The engine's later times still run while the service is not ready.
+        Poll::Pending if arm(&mut state.timer, state.engine.wake_after(inputs.now()), cx) => {
+            inputs.reset();
+            state.engine.on_timer(inputs);
+            Some(Sent::No)
+        }
+        Poll::Pending => Some(Sent::NotReady),
+        Poll::Ready(Err(error)) => {
+            // A service that failed is not polled again.
+            state.service = None;
+            if !state.engine.on_service_error() {
+                return Some(Sent::No);
+            }
+            let (marks, grpc) = (state.engine.marks(None), state.engine.grpc());
+            Some(Sent::Failed(Box::new(finish(
+                Err(error.into()),
+                marks,
+                grpc,
+            ))))
+        }
+    }
 }
 
 /// The call's result when no answer was returned.
@@ -571,53 +497,4 @@ where
         }
         Verdict::Drop => None,
     }
-}
-
-/// The call's result, marked as the engine says when it made more than one attempt: an
-/// [`Attempts`](crate::metadata::Attempts) response extension and, for gRPC, the result's
-/// attempt's `grpc-previous-rpc-attempts`; or an [`Attempted`] error around the last error.
-/// Like that header (A6: "it will not be present on the first RPC"), a call of one attempt
-/// is returned as it is, so the success path allocates nothing.
-fn finish<RB>(result: Output<RB>, marks: Option<Marks>, grpc: bool) -> Output<RB> {
-    let Some(marks) = marks else {
-        return result;
-    };
-    match result {
-        Ok(mut response) => {
-            if grpc && marks.previous > 0 {
-                response.headers_mut().insert(
-                    GRPC_PREVIOUS_RPC_ATTEMPTS_NAME,
-                    http::HeaderValue::from(marks.previous),
-                );
-            }
-            response.extensions_mut().insert(marks.attempts);
-            Ok(response)
-        }
-        Err(error) => Err(mark_error(error, marks)),
-    }
-}
-
-/// A gRPC status keeps its type (tonic's client reads it as it is) and carries the count as
-/// A6's `grpc-previous-rpc-attempts` metadata; any other error is wrapped in [`Attempted`].
-fn mark_error(error: BoxError, marks: Marks) -> BoxError {
-    #[cfg(feature = "tonic")]
-    let error = match error.downcast::<tonic::Status>() {
-        Ok(mut status) => {
-            if marks.previous > 0 {
-                status.metadata_mut().insert(
-                    crate::metadata::GRPC_PREVIOUS_RPC_ATTEMPTS,
-                    tonic::metadata::MetadataValue::from(marks.previous),
-                );
-            }
-            return status;
-        }
-        Err(error) => error,
-    };
-    Box::new(Attempted::new(error, marks.attempts))
-}
-
-/// The error for a call that ends with no attempt result to return. The engine keeps a
-/// failure before it ends a call with it, so this is a bug.
-fn no_result() -> BoxError {
-    "no attempt result left to return".into()
 }

@@ -2,6 +2,8 @@
 //! the future that drives the [engine](crate::engine) for both layers.
 
 mod driver;
+mod future;
+mod marks;
 
 use std::sync::{Arc, Mutex};
 
@@ -10,12 +12,13 @@ use http::{HeaderValue, Request};
 use tokio::time::Instant;
 use tower_service::Service;
 
-pub(crate) use self::driver::CallFuture;
+pub(crate) use self::future::CallFuture;
 use crate::body::{BufferLimits, Copies, Replay};
 use crate::engine::{self, BodyKind, CallFacts, CommitBody, Engine, Plan, Send, Start, TableFacts};
 use crate::grpc_timeout;
 use crate::metadata::{AttemptInfo, Deadline, GRPC_PREVIOUS_RPC_ATTEMPTS_NAME, TriedBackends};
 use crate::policy::Policies;
+use crate::stats::MethodStatsSlot;
 
 /// Whether a request is a gRPC call: its content type is `application/grpc` or
 /// `application/grpc+<codec>`.
@@ -133,10 +136,28 @@ where
     let (call, first, reader) = Call::start(request, limits, grpc, start.track_backends);
     let future = inner.call(first);
     let engine = Engine::new(start.rules, start.deadline, call.body_kind(), reader);
-    let stats = driver::StatsHandle::new(route);
+    let stats = MethodStatsSlot::new(route);
     CallFuture::driven(driver::Driver::new(
         future, shared, call, engine, stats, span,
     ))
+}
+
+/// The thread's random generator, taken only when the engine draws a jitter.
+#[derive(Default)]
+struct LazyRng(Option<rand::rngs::ThreadRng>);
+
+impl rand::RngCore for LazyRng {
+    fn next_u32(&mut self) -> u32 {
+        self.0.get_or_insert_with(rand::rng).next_u32()
+    }
+
+    fn next_u64(&mut self) -> u64 {
+        self.0.get_or_insert_with(rand::rng).next_u64()
+    }
+
+    fn fill_bytes(&mut self, dest: &mut [u8]) {
+        self.0.get_or_insert_with(rand::rng).fill_bytes(dest)
+    }
 }
 
 /// What the calls of one layer share: a spare clone of the inner service and the policy

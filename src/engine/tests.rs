@@ -11,7 +11,7 @@ use rand::rngs::SmallRng;
 use super::*;
 use crate::backoff::{Exponential, Jitter};
 use crate::classify::{Code, GrpcCodes};
-use crate::policy::{HedgePolicy, RetryDecision, RetryPolicy, ThrottleHandle};
+use crate::policy::{HedgePolicy, MethodPolicy, RetryDecision, RetryPolicy, ThrottleHandle};
 use crate::pushback::Pushback;
 use crate::throttle::{RetryThrottle, Throttle};
 
@@ -557,5 +557,406 @@ fn hedging_on_the_per_attempt_timeout_keeps_the_slow_attempt() {
     assert_eq!(
         answer(&mut engine, second, Outcome::Success, t0() + ms(70)),
         Verdict::Return
+    );
+}
+
+// The seams the engine now owns: commit, winner and end.
+
+/// A recorded body already committed (by a transport's task) to `reader`, which the engine
+/// has not been told of.
+struct CommittedTo(u64);
+
+impl CommitBody for CommittedTo {
+    fn commit(&self, _: u64) -> u64 {
+        self.0
+    }
+}
+
+fn answer_with(
+    engine: &mut Engine,
+    id: AttemptId,
+    outcome: Outcome,
+    body: &dyn CommitBody,
+) -> Verdict {
+    let headers = HeaderMap::new();
+    let result = AttemptResult::Response {
+        status: StatusCode::OK,
+        headers: &headers,
+    };
+    at(t0(), |inputs| {
+        engine.on_answer(id, outcome, result, body, inputs)
+    })
+}
+
+fn recorded(rules: Rules, deadline: Option<Instant>) -> Engine {
+    Engine::new(rules, deadline, BodyKind::Recorded, 1)
+}
+
+#[test]
+fn a_body_committed_to_the_attempt_that_fails_in_the_same_poll_returns_that_failure() {
+    let mut engine = recorded(rules(Mode::Retry(retry_policy(|b| b)), 5, None), None);
+    // The body's source failed while attempt 1 read it; attempt 1 answered 503.
+    engine.on_commit(1);
+    assert_eq!(
+        answer(&mut engine, AttemptId::FIRST, RETRYABLE, t0()),
+        Verdict::Keep
+    );
+    assert_eq!(
+        poll(&mut engine, t0()),
+        Action::End(End::Last(AttemptId::FIRST))
+    );
+}
+
+#[test]
+fn a_hedged_call_committed_to_one_attempt_ends_when_it_and_another_fail_together() {
+    let policy = HedgePolicy::builder()
+        .max_attempts(3)
+        .delay(ms(0))
+        .non_fatal(GrpcCodes::from([Code::Unavailable]))
+        .build()
+        .unwrap();
+    let mut engine = recorded(rules(Mode::Hedge(Arc::new(policy), ms(0)), 3, None), None);
+    let Action::Send(send) = poll(&mut engine, t0()) else {
+        panic!("the hedge goes at once")
+    };
+    let second = sent(&mut engine, send, t0());
+    engine.on_commit(u64::from(second.send));
+    // Both fail in the same poll, before the driver has dropped the cut-off attempt.
+    assert_eq!(
+        answer(&mut engine, AttemptId::FIRST, RETRYABLE, t0()),
+        Verdict::Drop
+    );
+    assert_eq!(answer(&mut engine, second, RETRYABLE, t0()), Verdict::Keep);
+    assert_eq!(poll(&mut engine, t0()), Action::Cancel);
+    assert_eq!(poll(&mut engine, t0()), Action::End(End::Last(second)));
+}
+
+#[test]
+fn an_answer_loses_to_the_attempt_the_body_committed_to_first() {
+    let mut engine = recorded(hedge_rules(3, ms(0)), None);
+    let Action::Send(send) = poll(&mut engine, t0()) else {
+        panic!()
+    };
+    let second = sent(&mut engine, send, t0());
+    // The body committed to attempt 1's reader in the transport's task; attempt 2's
+    // headers arrive before the call hears of it.
+    assert_eq!(
+        answer_with(&mut engine, second, Outcome::Success, &CommittedTo(1)),
+        Verdict::Drop
+    );
+    assert!(engine.is_live(AttemptId::FIRST));
+    assert_eq!(
+        answer_with(
+            &mut engine,
+            AttemptId::FIRST,
+            Outcome::Success,
+            &CommittedTo(1)
+        ),
+        Verdict::Return
+    );
+}
+
+fn hedge_rules(max: u32, delay: Duration) -> Rules {
+    let policy = HedgePolicy::builder()
+        .max_attempts(max)
+        .delay(delay)
+        .non_fatal(GrpcCodes::from([Code::Unavailable]))
+        .build()
+        .unwrap();
+    rules(Mode::Hedge(Arc::new(policy), delay), max, None)
+}
+
+#[test]
+fn a_body_sent_once_is_never_hedged_and_its_attempt_goes_on() {
+    let mut engine = Engine::new(hedge_rules(3, ms(20)), None, BodyKind::Once, 0);
+    assert_eq!(poll(&mut engine, t0()), Action::Wait(None));
+    assert_eq!(poll(&mut engine, t0() + ms(20)), Action::Wait(None));
+    assert!(engine.is_live(AttemptId::FIRST));
+    assert_eq!(
+        answer(
+            &mut engine,
+            AttemptId::FIRST,
+            Outcome::Success,
+            t0() + ms(100)
+        ),
+        Verdict::Return
+    );
+}
+
+#[test]
+fn a_body_sent_once_fails_at_once_without_asking_the_hook_or_the_throttle() {
+    let asked = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let hook_asked = Arc::clone(&asked);
+    let policy = retry_policy(move |b| {
+        b.on_retry(move |_| {
+            hook_asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            RetryDecision::Proceed
+        })
+    });
+    let throttle = Counting::default();
+    let handle = Some(Arc::new(throttle.clone()) as ThrottleHandle);
+    let mut engine = Engine::new(
+        rules(Mode::Retry(policy), 5, handle),
+        None,
+        BodyKind::Once,
+        0,
+    );
+    assert_eq!(
+        answer(&mut engine, AttemptId::FIRST, RETRYABLE, t0()),
+        Verdict::Keep
+    );
+    assert_eq!(
+        poll(&mut engine, t0()),
+        Action::End(End::Last(AttemptId::FIRST))
+    );
+    assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 0);
+    assert_eq!(throttle.asked(), 0);
+}
+
+/// A throttle that always allows, and counts how often it was asked.
+#[derive(Debug, Clone, Default)]
+struct Counting(Arc<std::sync::atomic::AtomicU32>);
+
+impl Counting {
+    fn asked(&self) -> u32 {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl RetryThrottle for Counting {
+    fn on_success(&self) {}
+
+    fn on_failure(&self) {}
+
+    fn allows_retry(&self) -> bool {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        true
+    }
+}
+
+#[test]
+fn the_result_carries_its_own_attempts_count_transparent_resends_excluded() {
+    let mut engine = retry_engine(retry_policy(|b| b), None);
+    answer(&mut engine, AttemptId::FIRST, Outcome::NotSent, t0());
+    let Action::Send(resend) = poll(&mut engine, t0() + ms(100)) else {
+        panic!()
+    };
+    let second = sent(&mut engine, resend, t0() + ms(100));
+    assert_eq!(
+        answer(&mut engine, second, Outcome::Success, t0() + ms(100)),
+        Verdict::Return
+    );
+    let marks = engine.marks(Some(second)).expect("two sends");
+    assert_eq!((marks.attempts, marks.previous), (Attempts::new(2, 1), 0));
+    // A hedged call's result is its winner's: the second of three counted attempts.
+    let mut engine = engine_of(hedge_rules(3, ms(0)), None);
+    let mut ids = vec![AttemptId::FIRST];
+    for _ in 0..2 {
+        let Action::Send(send) = poll(&mut engine, t0()) else {
+            panic!()
+        };
+        ids.push(sent(&mut engine, send, t0()));
+    }
+    assert_eq!(
+        answer(&mut engine, ids[1], Outcome::Success, t0()),
+        Verdict::Return
+    );
+    assert_eq!(engine.marks(Some(ids[1])).map(|m| m.previous), Some(1));
+}
+
+#[test]
+fn a_hedge_that_cannot_start_before_the_deadline_fails_the_call_at_once() {
+    let mut engine = engine_of(hedge_rules(3, ms(100)), Some(t0() + ms(50)));
+    poll(&mut engine, t0());
+    let pushback = Outcome::Retryable(Some(Pushback::After(ms(80))));
+    assert_eq!(
+        answer(&mut engine, AttemptId::FIRST, pushback, t0() + ms(10)),
+        Verdict::Keep
+    );
+    // The next hedge would go at 90 ms, past the 50 ms deadline: nothing in flight, so the
+    // failure is returned now rather than at the deadline.
+    assert_eq!(
+        poll(&mut engine, t0() + ms(10)),
+        Action::End(End::Last(AttemptId::FIRST))
+    );
+}
+
+#[test]
+fn a_service_error_with_an_attempt_in_flight_waits_for_that_attempt() {
+    let mut engine = engine_of(hedge_rules(3, ms(10)), Some(t0() + ms(500)));
+    poll(&mut engine, t0());
+    assert!(matches!(poll(&mut engine, t0() + ms(10)), Action::Send(_)));
+    assert!(!engine.on_service_error(), "the first attempt is in flight");
+    assert_eq!(
+        poll(&mut engine, t0() + ms(10)),
+        Action::Wait(Some(t0() + ms(500)))
+    );
+    assert_eq!(
+        answer(
+            &mut engine,
+            AttemptId::FIRST,
+            Outcome::Success,
+            t0() + ms(20)
+        ),
+        Verdict::Return
+    );
+    // With nothing in flight, the service's error is the call's.
+    let mut engine = engine_of(hedge_rules(3, ms(10)), None);
+    poll(&mut engine, t0());
+    answer(&mut engine, AttemptId::FIRST, RETRYABLE, t0());
+    assert!(matches!(poll(&mut engine, t0()), Action::Send(_)));
+    assert!(engine.on_service_error());
+}
+
+#[test]
+fn a_hedge_asks_the_throttle_only_once_its_service_is_ready() {
+    let throttle = Counting::default();
+    let mut rules = hedge_rules(3, ms(10));
+    rules.throttle = Some(Arc::new(throttle.clone()));
+    let mut engine = engine_of(rules, None);
+    poll(&mut engine, t0());
+    let Action::Send(send) = poll(&mut engine, t0() + ms(10)) else {
+        panic!()
+    };
+    // The service is not ready: the driver waits, and asks the engine again later.
+    assert!(matches!(poll(&mut engine, t0() + ms(11)), Action::Send(_)));
+    assert_eq!(throttle.asked(), 0);
+    assert!(engine.admit(send));
+    assert!(engine.admit(send), "asked once per attempt");
+    assert_eq!(throttle.asked(), 1);
+}
+
+fn facts<'a>(method: &'a http::Method, headers: &'a HeaderMap, grpc: bool) -> CallFacts<'a> {
+    CallFacts {
+        method,
+        grpc,
+        headers,
+        driven: false,
+        deadline: None,
+    }
+}
+
+const TABLE: TableFacts = TableFacts {
+    max_attempts_cap: 3,
+    max_pushback: Duration::from_secs(60),
+    transparent_retries: true,
+    has_throttle: false,
+    track_backends: false,
+};
+
+fn drive(plan: Plan) -> Start {
+    match plan {
+        Plan::Drive(start) => start,
+        Plan::Passthrough => panic!("the call is driven"),
+    }
+}
+
+#[test]
+fn the_plan_of_a_call_is_its_policy_whichever_layer_meets_it_first() {
+    let never = || panic!("no timeout: the clock is not read");
+    let (post, get) = (http::Method::POST, http::Method::GET);
+    let headers = HeaderMap::new();
+    let retry = MethodPolicy::Retry(retry_policy(|b| b.max_attempts(5)));
+    // Retried, its cap clamped to the table's; a gRPC POST may repeat.
+    let start = drive(plan(
+        Some(&retry),
+        &TABLE,
+        &facts(&post, &headers, true),
+        &never,
+    ));
+    assert!(matches!(start.rules.mode, Mode::Retry(_)));
+    assert_eq!(
+        (start.rules.max_attempts, start.rules.may_repeat),
+        (3, true)
+    );
+    assert!(start.has_policy && start.deadline.is_none());
+    // An HTTP POST may not, unless it carries an idempotency key its policy accepts.
+    let start = drive(plan(
+        Some(&retry),
+        &TABLE,
+        &facts(&post, &headers, false),
+        &never,
+    ));
+    assert!(!start.rules.may_repeat);
+    let keyed = MethodPolicy::Retry(retry_policy(|b| b.retry_with_idempotency_key(true)));
+    let mut with_key = HeaderMap::new();
+    with_key.insert("idempotency-key", http::HeaderValue::from_static("k"));
+    let start = drive(plan(
+        Some(&keyed),
+        &TABLE,
+        &facts(&post, &with_key, false),
+        &never,
+    ));
+    assert!(start.rules.may_repeat);
+    // A call a layer above drives passes through; so does a call with nothing to apply.
+    let mut driven = facts(&get, &headers, true);
+    driven.driven = true;
+    assert!(matches!(
+        plan(Some(&retry), &TABLE, &driven, &never),
+        Plan::Passthrough
+    ));
+    let off = TableFacts {
+        transparent_retries: false,
+        ..TABLE
+    };
+    let get_facts = facts(&get, &headers, false);
+    assert!(matches!(
+        plan(None, &off, &get_facts, &never),
+        Plan::Passthrough
+    ));
+    let start = drive(plan(None, &TABLE, &get_facts, &never));
+    assert!(matches!(start.rules.mode, Mode::Single) && !start.has_policy);
+    // A hedging policy keeps its record of backends, whatever the table says.
+    let hedge = HedgePolicy::builder()
+        .max_attempts(2)
+        .non_fatal(GrpcCodes::from([Code::Unavailable]))
+        .track_backends(true)
+        .build()
+        .unwrap();
+    let hedge = MethodPolicy::Hedge(Arc::new(hedge));
+    let start = drive(plan(
+        Some(&hedge),
+        &TABLE,
+        &facts(&get, &headers, true),
+        &never,
+    ));
+    assert!(matches!(start.rules.mode, Mode::Hedge(..)) && start.track_backends);
+}
+
+#[test]
+fn the_deadline_is_the_earliest_of_header_timeout_and_extension() {
+    let now = t0();
+    let read = move || now;
+    let get = http::Method::GET;
+    let mut grpc_headers = HeaderMap::new();
+    grpc_headers.insert("grpc-timeout", http::HeaderValue::from_static("2S"));
+    let secs = Duration::from_secs;
+    let deadline_of = |timeout: Option<Duration>, call: &CallFacts<'_>| {
+        let policy = timeout.map(MethodPolicy::Timeout);
+        let start = drive(plan(policy.as_ref(), &TABLE, call, &read));
+        (start.deadline, start.deadline_from_header)
+    };
+    let grpc = facts(&get, &grpc_headers, true);
+    assert_eq!(deadline_of(None, &grpc), (Some(now + secs(2)), true));
+    assert_eq!(
+        deadline_of(Some(secs(1)), &grpc),
+        (Some(now + secs(1)), false)
+    );
+    assert_eq!(
+        deadline_of(Some(secs(3)), &grpc),
+        (Some(now + secs(2)), true)
+    );
+    // Not gRPC: its `grpc-timeout` is not the call's.
+    let http = facts(&get, &grpc_headers, false);
+    assert_eq!(deadline_of(None, &http), (None, false));
+    assert_eq!(
+        deadline_of(Some(secs(5)), &http),
+        (Some(now + secs(5)), false)
+    );
+    let mut with_extension = facts(&get, &grpc_headers, true);
+    with_extension.deadline = Some(now + ms(500));
+    assert_eq!(
+        deadline_of(Some(secs(1)), &with_extension),
+        (Some(now + ms(500)), false)
     );
 }

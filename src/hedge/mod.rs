@@ -1,7 +1,11 @@
 //! gRFC A6 hedging: several copies of a request in flight, the first good answer wins.
 //!
-//! [`Hedge`] looks up each request's policy in a [`Policies`] table; a request with no
-//! [`HedgePolicy`](crate::HedgePolicy) passes straight through. For the others:
+//! [`Hedge`] looks up each request's policy in a [`Policies`] table and hands the call to
+//! the crate's one call engine, as [`Retry`](crate::Retry) does: a method with a
+//! [`RetryPolicy`](crate::RetryPolicy) is retried, one without a policy gets A6's
+//! transparent retries, whichever layer meets the call first (see
+//! [the retry module docs](crate::retry#stacking-both-layers)). For a method with a
+//! [`HedgePolicy`](crate::HedgePolicy):
 //!
 //! - Attempt 1 goes at once; another every hedging delay (zero: all at once), up to
 //!   `maxAttempts` (clamped to the client cap). With `maxAttempts` 4 and a 500 ms delay and no
@@ -15,14 +19,20 @@
 //!   from then. A fatal failure cancels the rest and is returned.
 //! - Pushback "stop" on any attempt: no more hedges; those in flight go on. Pushback of
 //!   n ms: the next hedge after n ms, later ones at n + delay.
-//! - Every hedge after the first needs the throttle above half; a non-fatal failure debits
-//!   it, a success credits it. Throttled with nothing in flight: the failure is returned.
+//! - Every hedge after the first needs the throttle above half, asked when the hedge's
+//!   service is ready (a hedge never sent costs nothing); a non-fatal failure debits it, a
+//!   success credits it. Throttled with nothing in flight: the failure is returned.
 //! - When the request body outgrows the buffer, the attempt that has sent the most goes on,
-//!   the others are cancelled, and no new hedge starts.
+//!   the others are cancelled, and no new hedge starts; an answer of another attempt that
+//!   arrives before the call hears of it is dropped. A body too large to record is sent once
+//!   and never hedged.
+//! - When the next hedge cannot start before the deadline and nothing is in flight, the last
+//!   failure is returned at once.
 //! - When all attempts failed non-fatally, the last failure is returned once all are done.
 //! - The deadline spans all attempts; attempts carry `grpc-previous-rpc-attempts` 1, 2, 3 …
 //!   after the first, an [`AttemptInfo`](crate::metadata::AttemptInfo) extension, and (with
-//!   [`track_backends`](crate::policy::HedgePolicyBuilder::track_backends)) a shared
+//!   [`PoliciesBuilder::track_backends`](crate::policy::PoliciesBuilder::track_backends) or
+//!   [`HedgePolicyBuilder::track_backends`](crate::policy::HedgePolicyBuilder::track_backends)) a shared
 //!   [`TriedBackends`](crate::metadata::TriedBackends) list for the load balancer.
 //!   Statistics count the first attempt as the original and the others as retries.
 //!

@@ -120,6 +120,8 @@ impl HedgePolicyBuilder {
     /// the backend it picked, so that later hedges can go elsewhere (A6: "hedged requests
     /// should be sent to distinct backends"). Off by default: it costs a few allocations per
     /// call, worth it only when a balancer below reads it.
+    /// [`PoliciesBuilder::track_backends`](crate::policy::PoliciesBuilder::track_backends)
+    /// turns it on for every call of a table; a call keeps the list if either asks.
     pub fn track_backends(mut self, enabled: bool) -> Self {
         self.track_backends = enabled;
         self

@@ -102,13 +102,13 @@ impl std::error::Error for PolicyError {}
 /// The policy of one method: retried or hedged, never both; or neither, with a timeout.
 #[derive(Debug, Clone)]
 pub enum MethodPolicy {
-    /// Retried by [`RetryLayer`](crate::RetryLayer); passes through the hedge layer.
+    /// Retried, by whichever layer ([`RetryLayer`](crate::RetryLayer) or
+    /// [`HedgeLayer`](crate::HedgeLayer)) meets the call first.
     Retry(Arc<RetryPolicy>),
-    /// Hedged by [`HedgeLayer`](crate::HedgeLayer); passes through the retry layer.
+    /// Hedged, by whichever layer meets the call first.
     Hedge(Arc<HedgePolicy>),
     /// Neither retried nor hedged, but given this call timeout across its (transparent)
-    /// attempts by the retry layer: what a service-config method entry with only a
-    /// `timeout` means.
+    /// attempts: what a service-config method entry with only a `timeout` means.
     Timeout(Duration),
 }
 

@@ -119,7 +119,7 @@ struct Table {
     transparent_retries: bool,
     stats: Stats,
     #[cfg(feature = "opentelemetry")]
-    metrics: Option<crate::telemetry::RetryMetrics>,
+    metrics: Option<crate::metrics::RetryMetrics>,
 }
 
 /// The policy table shared by [`RetryLayer`](crate::RetryLayer) and
@@ -318,7 +318,7 @@ impl Policies {
 
     /// The gRFC A96 instruments calls record on, if the table was given a meter.
     #[cfg(feature = "opentelemetry")]
-    pub(crate) fn metrics(&self) -> Option<&crate::telemetry::RetryMetrics> {
+    pub(crate) fn metrics(&self) -> Option<&crate::metrics::RetryMetrics> {
         self.0.metrics.as_ref()
     }
 }
@@ -336,7 +336,7 @@ pub struct PoliciesBuilder {
     track_backends: bool,
     transparent_retries: bool,
     #[cfg(feature = "opentelemetry")]
-    metrics: Option<crate::telemetry::RetryMetrics>,
+    metrics: Option<crate::metrics::RetryMetrics>,
 }
 
 impl fmt::Debug for PoliciesBuilder {
@@ -498,7 +498,7 @@ impl PoliciesBuilder {
     /// ```
     #[cfg(feature = "opentelemetry")]
     #[cfg_attr(docsrs, doc(cfg(feature = "opentelemetry")))]
-    pub fn metrics(mut self, metrics: impl Into<crate::telemetry::RetryMetrics>) -> Self {
+    pub fn metrics(mut self, metrics: impl Into<crate::metrics::RetryMetrics>) -> Self {
         self.metrics = Some(metrics.into());
         self
     }

@@ -1,31 +1,43 @@
 //! gRFC A6 retries for any tower service whose requests are `http::Request<B>`.
 //!
-//! [`Retry`] looks up each request's policy in a [`Policies`] table. A request with no
-//! [`RetryPolicy`](crate::RetryPolicy) passes straight through. For the others:
+//! [`Retry`] looks up each request's policy in a [`Policies`] table and hands the call to
+//! the crate's one call engine, which applies every rule of A6 (the module docs of
+//! [`hedge`](crate::hedge) describe the same engine's hedging). For a method with a
+//! [`RetryPolicy`](crate::RetryPolicy):
 //!
-//! 1. The deadline is the request's `grpc-timeout` (gRPC), else the policy's timeout. It spans
-//!    every attempt and every wait; each gRPC attempt carries the *remaining* time in
-//!    `grpc-timeout`. When it passes, the call ends: a gRPC call with the `tonic` feature
-//!    returns `Status::deadline_exceeded`, other calls [`DeadlineExceeded`].
+//! 1. The deadline is the earliest of the request's `grpc-timeout` (gRPC), the policy's
+//!    timeout and a [`Deadline`](crate::metadata::Deadline) extension. It spans every attempt
+//!    and every wait; each gRPC attempt carries the *remaining* time in `grpc-timeout`. When
+//!    it passes, the call ends: a gRPC call with the `tonic` feature returns
+//!    `Status::deadline_exceeded`, other calls [`DeadlineExceeded`].
 //! 2. The body is made replayable within the [`BufferLimits`](crate::body::BufferLimits);
-//!    one that cannot be (its size is known to be over the limit) is sent once, untouched.
-//! 3. Attempt 1 is sent; attempt N+1 carries `grpc-previous-rpc-attempts: N`.
+//!    one that cannot be (its size is known to be over the limit) is sent once, untouched,
+//!    and its call is never retried.
+//! 3. Attempt 1 is sent; attempt N+1 carries `grpc-previous-rpc-attempts: N` (transparent
+//!    retries are not counted).
 //! 4. The outcome is classified ([`classify`](crate::classify)). A success is returned and
 //!    credits the throttle. A response with ordinary headers (not Trailers-Only) commits the
 //!    call and is returned as it is.
 //! 5. A retryable failure debits the throttle; the call is retried only if attempts remain
-//!    (`maxAttempts`, clamped to the client cap), the throttle is above half, the body can
-//!    still be replayed, no pushback said stop, and the next attempt can start before the
+//!    (`maxAttempts`, clamped to the client cap), the body can still be replayed, the throttle
+//!    is above half, no pushback said stop, and the next attempt can start before the
 //!    deadline.
 //! 6. The wait is the server's pushback exactly when it gave one (and the backoff then
 //!    restarts from its first step), else the backoff schedule's next delay. When the wait
 //!    would reach the deadline, the call returns the last failure at once rather than
 //!    sleeping into a certain `DEADLINE_EXCEEDED`.
 //! 7. The last attempt's outcome is returned. After more than one attempt it carries an
-//!    [`Attempts`](crate::metadata::Attempts) extension and, for gRPC, a
-//!    `grpc-previous-rpc-attempts` header; after one, neither (read it with
-//!    [`Attempts::of`](crate::metadata::Attempts::of)), so the success path allocates nothing
-//!    for it.
+//!    [`Attempts`](crate::metadata::Attempts) extension and, for gRPC, the
+//!    `grpc-previous-rpc-attempts` of the attempt it came from; after one, neither (read it
+//!    with [`Attempts::of`](crate::metadata::Attempts::of)), so the success path allocates
+//!    nothing for it.
+//!
+//! A method with a [`HedgePolicy`](crate::HedgePolicy) is hedged, never retried, whichever
+//! of the two layers meets its call first. A method without a policy still gets A6's
+//! transparent retries (unless
+//! [`transparent_retries(false)`](crate::policy::PoliciesBuilder::transparent_retries)) and
+//! credits the throttle when it succeeds; a method whose policy is only a timeout gets that
+//! deadline too.
 //!
 //! Transparent retries: an attempt that never left the client is retried with backoff until
 //! the deadline (or [`max_transparent_retries`](crate::policy::RetryPolicyBuilder::max_transparent_retries)
@@ -34,6 +46,13 @@
 //!
 //! Non-idempotent HTTP requests (`POST`, `PATCH`, …) are not retried after a response or an
 //! ambiguous error unless the policy opts in; gRPC requests are not gated.
+//!
+//! # Stacking both layers
+//!
+//! Either layer drives every call it meets first, by the call's own policy, and marks every
+//! attempt it sends; a layer of this crate below sees the mark and passes the attempt
+//! through. So `HedgeLayer` over `RetryLayer` (as the README shows) and either layer alone
+//! behave the same, and no call is retried twice.
 //!
 //! # `poll_ready` and cloned services
 //!
