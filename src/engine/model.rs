@@ -46,6 +46,9 @@ enum Event {
     Advance(u64),
     /// The service of a due send: ready, not ready, or failing.
     Service(Ready),
+    /// The driver drops the attempts the engine cut off. Until then they may still answer,
+    /// as they do when an answer is ready in the same poll as the commit that cut them off.
+    DropCutOff,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -97,6 +100,7 @@ fn events() -> impl Strategy<Value = Event> {
         6 => (0usize..8, answers()).prop_map(|(i, a)| Event::Answer(i, a)),
         1 => (0usize..8).prop_map(Event::BodyCommits),
         3 => (0u64..400).prop_map(Event::Advance),
+        2 => Just(Event::DropCutOff),
         3 => prop_oneof![
             4 => Just(Ready::Yes),
             1 => Just(Ready::No),
@@ -292,10 +296,9 @@ impl Model {
                     self.due = Some(send);
                     return Ok(());
                 }
-                Action::Cancel => {
-                    let engine = &self.engine;
-                    self.held.retain(|(a, _)| engine.is_live(*a));
-                }
+                // The driver drops them, but not before answers already polled are fed in:
+                // `Event::DropCutOff` does it.
+                Action::Cancel => {}
                 Action::TimedOut(id) => {
                     self.held.retain(|(a, _)| *a != id);
                     self.kept = Some(id);
@@ -312,10 +315,9 @@ impl Model {
                 Action::Wait(at) => {
                     self.due = None;
                     // Nothing in flight and nothing to wait for is a call that never ends.
-                    prop_assert!(
-                        at.is_some() || !self.held.is_empty(),
-                        "the call waits for nothing"
-                    );
+                    let engine = &self.engine;
+                    let live = self.held.iter().any(|(a, _)| engine.is_live(*a));
+                    prop_assert!(at.is_some() || live, "the call waits for nothing");
                     return Ok(());
                 }
             }
@@ -333,6 +335,7 @@ impl Model {
                     return Ok(());
                 }
                 let (id, _) = self.held.remove(i % self.held.len());
+                let cut_off = !self.engine.is_live(id);
                 let headers = HeaderMap::new();
                 let result = AttemptResult::Response {
                     status: StatusCode::OK,
@@ -347,6 +350,9 @@ impl Model {
                 };
                 let claimed = body.committed.get();
                 self.body.committed.set(claimed);
+                if cut_off {
+                    prop_assert_eq!(verdict, Verdict::Drop, "an answer of a cut-off attempt");
+                }
                 match verdict {
                     Verdict::Return => {
                         if let Some(Some(committed)) = self.committed_attempt {
@@ -379,6 +385,10 @@ impl Model {
                 self.body.committed.set(Some(reader));
                 self.committed_attempt = Some(self.attempt_of(reader));
                 self.engine.on_commit(reader);
+            }
+            Event::DropCutOff => {
+                let engine = &self.engine;
+                self.held.retain(|(a, _)| engine.is_live(*a));
             }
             Event::Advance(by) => {
                 self.now += ms(by);
@@ -437,6 +447,8 @@ impl Model {
             }
             if self.due.is_some() {
                 self.step(Event::Service(Ready::Yes))?;
+            } else if self.held.iter().any(|(a, _)| !self.engine.is_live(*a)) {
+                self.step(Event::DropCutOff)?;
             } else if !self.held.is_empty() {
                 self.step(Event::Answer(0, Answer::Fatal))?;
             } else {
