@@ -43,27 +43,6 @@ pub(crate) struct CallCounts {
     pub(crate) delay: std::time::Duration,
 }
 
-/// The statistics of a call's method (its path) or route (its name), looked up when the
-/// first retry needs them.
-pub(crate) struct MethodStatsSlot {
-    pub(crate) route: Option<Arc<str>>,
-    method: Option<Arc<MethodStats>>,
-}
-
-impl MethodStatsSlot {
-    pub(crate) fn new(route: Option<Arc<str>>) -> MethodStatsSlot {
-        MethodStatsSlot {
-            route,
-            method: None,
-        }
-    }
-
-    pub(crate) fn get(&mut self, stats: &Stats, path: &str) -> &MethodStats {
-        let key = self.route.as_deref().unwrap_or(path);
-        self.method.get_or_insert_with(|| stats.method(key))
-    }
-}
-
 /// The lower bounds of the A6 histogram's buckets.
 pub const HISTOGRAM_BOUNDS: [u32; 8] = [1, 2, 3, 4, 5, 10, 100, 1000];
 

@@ -19,7 +19,7 @@ use crate::body::Replay;
 use crate::classify::AttemptResult;
 use crate::engine::{Action, AttemptId, End, Engine, Inputs, Send, Verdict};
 use crate::error::{attempt_timed_out, deadline_exceeded};
-use crate::stats::MethodStatsSlot;
+use crate::stats::MethodStats;
 use crate::telemetry::{AttemptFields, AttemptSpans};
 
 /// An attempt after the first: boxed, so that the list can grow and shrink under it.
@@ -61,6 +61,56 @@ pin_project! {
     }
 }
 
+/// What a call keeps once its first attempt is not enough: boxed, so that a call answered
+/// by its first attempt carries one word for it.
+struct Later<S, B>
+where
+    S: Service<Request<B>>,
+{
+    // The attempts after the first, in the order they were sent.
+    attempts: Vec<Attempt<S::Future>>,
+    // A clone of the spare service, polled ready only when an attempt is due, so a pending
+    // attempt holds no capacity.
+    service: Option<S>,
+    // The last failure kept, returned if nothing better comes.
+    last: Option<Result<S::Response, BoxError>>,
+}
+
+impl<S, B> State<S, B>
+where
+    S: Service<Request<B>>,
+    B: Replay,
+{
+    /// The statistics of the call's route or method, looked up when a retry is counted.
+    fn method_stats(&self) -> Arc<MethodStats> {
+        let key = self.route.as_deref().unwrap_or(self.call.path());
+        self.shared.policies.stats().method(key)
+    }
+
+    /// Drops the later attempts `drop` picks: dropping an attempt's future cancels it.
+    fn drop_attempts(&mut self, drop: impl Fn(AttemptId) -> bool) {
+        if let Some(later) = &mut self.later {
+            later.attempts.retain(|a| !drop(a.id));
+        }
+    }
+}
+
+impl<S, B> Later<S, B>
+where
+    S: Service<Request<B>>,
+{
+    /// What the call keeps in `slot` beyond its first attempt, made when it first needs it.
+    fn of(slot: &mut Option<Box<Later<S, B>>>) -> &mut Later<S, B> {
+        slot.get_or_insert_with(|| {
+            Box::new(Later {
+                attempts: Vec::new(),
+                service: None,
+                last: None,
+            })
+        })
+    }
+}
+
 /// Records what a call did in the table's metrics. A call of one attempt records nothing:
 /// the success path stops at the first test.
 #[cfg(feature = "opentelemetry")]
@@ -72,7 +122,7 @@ where
     if let Some(counts) = state.engine.extra()
         && let Some(metrics) = state.shared.policies.metrics()
     {
-        metrics.record(&counts, &state.call.labels(state.stats.route.as_ref()));
+        metrics.record(&counts, &state.call.labels(state.route.as_ref()));
     }
 }
 
@@ -85,22 +135,17 @@ where
     // When the first attempt was sent, for a hedging delay that learns from latencies:
     // stamped at the first poll, and only for such a delay.
     first_sent_at: Option<std::time::Instant>,
-    // The attempts after the first, in the order they were sent.
-    others: Vec<Attempt<S::Future>>,
+    // The attempts after the first and their service, once the call sends a second one.
+    later: Option<Box<Later<S, B>>>,
     // The one timer, at the earliest time the engine asks for. Made when the call first waits.
     timer: Option<Pin<Box<Sleep>>>,
-    // A clone of the spare service for the later attempts, polled ready only when one is
-    // due, so a pending attempt holds no capacity.
-    service: Option<S>,
     shared: Arc<Shared<S>>,
     call: Call<B>,
     engine: Engine,
-    // The last failure kept, returned if nothing better comes. Boxed: only a call that
-    // failed once keeps one, and the response type is large to carry in every call.
-    last: Option<Box<Result<S::Response, BoxError>>>,
-    stats: MethodStatsSlot,
-    span: tracing::Span,
-    // The attempts' spans, made at the first poll if the call's span is enabled.
+    // The name of the route the call took, which its statistics are kept under (else its
+    // path).
+    route: Option<Arc<str>>,
+    // The call's span and its attempts', if the call's span is enabled.
     spans: Option<Box<AttemptSpans>>,
 }
 
@@ -115,21 +160,18 @@ where
         shared: Arc<Shared<S>>,
         call: Call<B>,
         engine: Engine,
-        stats: MethodStatsSlot,
+        route: Option<Arc<str>>,
         span: tracing::Span,
     ) -> Self {
         let state = State {
             first_sent_at: None,
-            others: Vec::new(),
+            later: None,
             timer: None,
-            service: None,
             shared,
             call,
             engine,
-            last: None,
-            stats,
-            spans: None,
-            span,
+            route,
+            spans: AttemptSpans::of_call(span),
         };
         Driver {
             first: Some(first),
@@ -150,11 +192,8 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Output<RB>> {
         let mut this = self.project();
-        let span = this.state.span.clone();
-        let _enter = span.enter();
-        if this.state.spans.is_none() && !span.is_disabled() {
-            this.state.spans = AttemptSpans::of_call(&span);
-        }
+        let span = this.state.spans.as_ref().map(|spans| spans.call().clone());
+        let _enter = span.as_ref().map(tracing::Span::enter);
         let read = || tokio::time::Instant::now().into_std();
         let mut rng = LazyRng::default();
         let mut inputs = Inputs::new(&read, &mut rng);
@@ -218,7 +257,12 @@ where
         }
     }
     let mut i = 0;
-    while let Some(attempt) = this.state.others.get_mut(i) {
+    while let Some(attempt) = this
+        .state
+        .later
+        .as_mut()
+        .and_then(|l| l.attempts.get_mut(i))
+    {
         let spans = this.state.spans.as_deref();
         let entered = spans.and_then(|s| s.enter(attempt.id.send));
         let polled = attempt.future.as_mut().poll(cx);
@@ -227,7 +271,8 @@ where
             i += 1;
             continue;
         };
-        let Attempt { id, sent_at, .. } = this.state.others.remove(i);
+        let later = this.state.later.as_mut().expect("polled above");
+        let Attempt { id, sent_at, .. } = later.attempts.remove(i);
         let done = answer(this, id, Some(sent_at), result, inputs);
         if done.is_some() {
             return done;
@@ -255,12 +300,15 @@ where
                 Sent::Failed(result) => return Some(Step::Done(*result)),
             },
             Action::Cancel => {
-                let engine = &this.state.engine;
+                let state = &mut **this.state;
+                let engine = &state.engine;
                 if this.first.is_some() && !engine.is_live(AttemptId::FIRST) {
                     this.first.set(None);
                 }
-                this.state.others.retain(|a| engine.is_live(a.id));
-                if let Some(spans) = &mut this.state.spans {
+                if let Some(later) = &mut state.later {
+                    later.attempts.retain(|a| engine.is_live(a.id));
+                }
+                if let Some(spans) = &mut state.spans {
                     spans.cancelled(|send| !engine.is_live_send(send));
                 }
             }
@@ -268,13 +316,13 @@ where
                 if id == AttemptId::FIRST {
                     this.first.set(None);
                 } else {
-                    this.state.others.retain(|a| a.id != id);
+                    this.state.drop_attempts(|a| a == id);
                 }
                 if let Some(spans) = &mut this.state.spans {
                     spans.timed_out(id.send);
                 }
                 let error = attempt_timed_out(this.state.engine.grpc());
-                this.state.last = Some(Box::new(Err(error)));
+                Later::of(&mut this.state.later).last = Some(Err(error));
             }
             Action::End(end) => return Some(Step::Done(end_call(this, end))),
             Action::Wait(at) => {
@@ -327,16 +375,19 @@ where
         }
         return Sent::No;
     };
-    let service = state.service.as_mut().expect("polled ready above");
+    let later = state.later.as_mut().expect("made by poll_service");
+    let service = later.service.as_mut().expect("polled ready above");
     let future = Box::pin(service.call(request));
     let id = state.engine.on_sent(send, reader, inputs);
+    let sent_at = inputs.now();
+    later.attempts.push(Attempt {
+        id,
+        sent_at,
+        future,
+    });
     if !send.transparent {
-        let stats = state
-            .stats
-            .get(state.shared.policies.stats(), state.call.path());
-        stats.record_retry(id.number - 1);
+        state.method_stats().record_retry(id.number - 1);
     }
-    state.span.record("http.request.resend_count", id.send - 1);
     crate::telemetry::hedge_sent(id.send, send.hedge && !send.transparent);
     if let Some(spans) = &mut state.spans {
         let fields = AttemptFields {
@@ -345,14 +396,8 @@ where
             transparent: send.transparent,
             hedge: send.hedge,
         };
-        spans.sent(&state.span, fields);
+        spans.sent(fields);
     }
-    let sent_at = inputs.now();
-    state.others.push(Attempt {
-        id,
-        sent_at,
-        future,
-    });
     Sent::Yes
 }
 
@@ -367,7 +412,8 @@ where
     S::Error: Into<BoxError>,
     B: Replay,
 {
-    let service = state.service.get_or_insert_with(|| state.shared.service());
+    let later = Later::of(&mut state.later);
+    let service = later.service.get_or_insert_with(|| state.shared.service());
     match service.poll_ready(cx) {
         Poll::Ready(Ok(())) => None,
         // The engine's later times still run while the service is not ready.
@@ -379,7 +425,7 @@ where
         Poll::Pending => Some(Sent::NotReady),
         Poll::Ready(Err(error)) => {
             // A service that failed is not polled again.
-            state.service = None;
+            later.service = None;
             if !state.engine.on_service_error() {
                 return Some(Sent::No);
             }
@@ -401,16 +447,11 @@ where
     B: Replay,
 {
     this.first.set(None);
-    this.state.others.clear();
+    // Every attempt is dropped with what the call kept beyond its first.
+    let last = this.state.later.take().and_then(|later| later.last);
     let engine = &this.state.engine;
     let (result, from) = match end {
-        End::Last(id) => {
-            let last = this.state.last.take();
-            (
-                last.map_or_else(|| Err(no_result()), |last| *last),
-                Some(id),
-            )
-        }
+        End::Last(id) => (last.unwrap_or_else(|| Err(no_result())), Some(id)),
         End::DeadlineExceeded => (Err(deadline_exceeded(engine.grpc())), None),
     };
     finish(result, engine.marks(from), engine.grpc())
@@ -474,10 +515,10 @@ where
     let verdict = state
         .engine
         .on_answer(id, outcome, view, &state.call, inputs);
-    for _ in 0..state.engine.take_retry_failures() {
-        let path = state.call.path();
-        let stats = state.stats.get(state.shared.policies.stats(), path);
-        stats.record_retry_failure();
+    let failures = state.engine.take_retry_failures();
+    if failures > 0 {
+        let stats = state.method_stats();
+        (0..failures).for_each(|_| stats.record_retry_failure());
     }
     match verdict {
         Verdict::Return => {
@@ -487,12 +528,12 @@ where
                 delay.record(inputs.now().saturating_duration_since(sent_at));
             }
             this.first.set(None);
-            state.others.clear();
+            state.later = None;
             let grpc = state.engine.grpc();
             Some(finish(result, state.engine.marks(Some(id)), grpc))
         }
         Verdict::Keep => {
-            state.last = Some(Box::new(result));
+            Later::of(&mut state.later).last = Some(result);
             None
         }
         Verdict::Drop => None,

@@ -18,7 +18,6 @@ use crate::engine::{self, BodyKind, CallFacts, CommitBody, Engine, Plan, Send, S
 use crate::grpc_timeout;
 use crate::metadata::{AttemptInfo, Deadline, GRPC_PREVIOUS_RPC_ATTEMPTS_NAME, TriedBackends};
 use crate::policy::Policies;
-use crate::stats::MethodStatsSlot;
 
 /// Whether a request is a gRPC call: its content type is `application/grpc` or
 /// `application/grpc+<codec>`.
@@ -136,9 +135,8 @@ where
     let (call, first, reader) = Call::start(request, limits, grpc, start.track_backends);
     let future = inner.call(first);
     let engine = Engine::new(start.rules, start.deadline, call.body_kind(), reader);
-    let stats = MethodStatsSlot::new(route);
     CallFuture::driven(driver::Driver::new(
-        future, shared, call, engine, stats, span,
+        future, shared, call, engine, route, span,
     ))
 }
 

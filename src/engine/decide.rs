@@ -21,14 +21,19 @@ impl Engine {
         body: &dyn CommitBody,
         inputs: &mut Inputs<'_>,
     ) -> Verdict {
-        if attempt.send <= self.timed_out_through
+        if self
+            .trouble
+            .as_ref()
+            .is_some_and(|t| attempt.send <= t.timed_out_through)
             && !matches!(outcome, Outcome::Success | Outcome::Fatal(_))
         {
             // Its timeout was counted as its failure already.
             return Verdict::Drop;
         }
-        if !matches!(outcome, Outcome::NotSent) {
-            self.not_sent_in_a_row = 0;
+        if !matches!(outcome, Outcome::NotSent)
+            && let Some(trouble) = &mut self.trouble
+        {
+            trouble.not_sent_in_a_row = 0;
         }
         match self.gate(outcome) {
             Outcome::Success => {
@@ -63,16 +68,16 @@ impl Engine {
                 self.not_sent(attempt, inputs);
                 self.keep(attempt)
             }
-            Outcome::Refused if !self.refused_retried && self.replayable() => {
+            Outcome::Refused if !self.trouble().refused_retried && self.replayable() => {
                 // Reached the server but not its application: once, at once.
-                self.refused_retried = true;
+                self.trouble().refused_retried = true;
                 self.resend(attempt, inputs.now(), Duration::ZERO, "refused");
                 self.keep(attempt)
             }
             Outcome::Refused => {
                 // A second refusal is the policy's to judge, as the `UNAVAILABLE` it maps to.
                 let outcome = self.refused_as_the_policy_sees_it();
-                self.refused_retried = true;
+                self.trouble().refused_retried = true;
                 if outcome == Outcome::Refused {
                     if !self.claim(attempt, reader, body) {
                         return Verdict::Drop;
@@ -92,13 +97,13 @@ impl Engine {
 
     /// Keeps `attempt`'s failure as the call's last.
     fn keep(&mut self, attempt: AttemptId) -> Verdict {
-        self.last = Some(attempt);
+        self.trouble().last = Some(attempt);
         Verdict::Keep
     }
 
     fn count_retry_failure(&mut self, attempt: AttemptId) {
         if attempt.number > 1 {
-            self.retry_failures += 1;
+            self.trouble().retry_failures += 1;
         }
     }
 
@@ -131,8 +136,8 @@ impl Engine {
     /// A never-sent attempt: resent with backoff until the deadline (or a count of them,
     /// without one), in every mode alike.
     fn not_sent(&mut self, attempt: AttemptId, inputs: &mut Inputs<'_>) {
-        let bounded_out =
-            self.deadline.is_none() && self.not_sent_in_a_row >= self.rules.max_transparent();
+        let bounded_out = self.deadline.is_none()
+            && self.trouble().not_sent_in_a_row >= self.rules.max_transparent();
         if bounded_out || !self.replayable() {
             let reason = if bounded_out {
                 "transparent retries exhausted"
@@ -143,7 +148,7 @@ impl Engine {
             return;
         }
         let step = Step {
-            attempt: self.not_sent_in_a_row,
+            attempt: self.trouble().not_sent_in_a_row,
             previous: None,
         };
         let delay = self.rules.backoff().sample(step, inputs.rng());
@@ -152,19 +157,20 @@ impl Engine {
             tracing::debug!(attempt = attempt.send, reason = "deadline", "not retrying");
             return;
         }
-        self.not_sent_in_a_row += 1;
+        self.trouble().not_sent_in_a_row += 1;
         self.resend(attempt, now, delay, "not sent");
     }
 
     /// Schedules a transparent resend of `attempt`.
     fn resend(&mut self, attempt: AttemptId, now: Instant, delay: Duration, reason: &str) {
         tracing::debug!(attempt = attempt.send, ?delay, reason, "transparent retry");
-        self.resends.push(Pending {
+        let hedge = !self.live.is_empty();
+        self.trouble().resends.push(Pending {
             at: Some(after(now, delay)),
             send: Send {
                 number: attempt.number,
                 transparent: true,
-                hedge: !self.live.is_empty(),
+                hedge,
             },
             granted: true,
         });
@@ -220,19 +226,21 @@ impl Engine {
         let delay = match pushback {
             Some(Pushback::After(delay)) => {
                 // The server's delay exactly; the backoff restarts from its first step.
-                self.backoff_step = 0;
-                self.previous_delay = None;
+                self.trouble().backoff_step = 0;
+                self.trouble().previous_delay = None;
                 delay
             }
             _ if at_once => Duration::ZERO,
             _ => {
+                let trouble = self.trouble();
                 let step = Step {
-                    attempt: self.backoff_step,
-                    previous: self.previous_delay,
+                    attempt: trouble.backoff_step,
+                    previous: trouble.previous_delay,
                 };
                 let delay = self.rules.backoff().sample(step, inputs.rng());
-                self.backoff_step = self.backoff_step.saturating_add(1);
-                self.previous_delay = Some(delay);
+                let trouble = self.trouble();
+                trouble.backoff_step = trouble.backoff_step.saturating_add(1);
+                trouble.previous_delay = Some(delay);
                 delay
             }
         };
@@ -342,7 +350,7 @@ impl Engine {
             return;
         }
         tracing::debug!(attempt = attempt.send, "per-attempt timeout");
-        self.timed_out_through = attempt.send;
+        self.trouble().timed_out_through = attempt.send;
         let timed_out = crate::error::AttemptTimedOut::new();
         let result = AttemptResult::Error(&timed_out);
         if hedge {
@@ -361,9 +369,10 @@ impl Engine {
             return;
         }
         self.live.remove(attempt);
-        self.timed_out = Some(attempt);
-        self.last = Some(attempt);
-        self.not_sent_in_a_row = 0;
+        let trouble = self.trouble();
+        trouble.timed_out = Some(attempt);
+        trouble.last = Some(attempt);
+        trouble.not_sent_in_a_row = 0;
         match self.gate(Outcome::Retryable(None)) {
             outcome @ Outcome::Retryable(_) => self.retryable(outcome, result, inputs, false),
             _ => self.stopped = true,

@@ -4,10 +4,10 @@ use smallvec::SmallVec;
 
 use super::AttemptId;
 
-/// The attempts in flight. Two are held inline: a retried call has one at a time, and a
-/// hedged call's second attempt already allocates its future.
+/// The attempts in flight. One is held inline: a retried call has one at a time, and a
+/// hedged call's second attempt allocates its future anyway.
 #[derive(Debug)]
-pub(super) struct Live(SmallVec<[(AttemptId, u64); 2]>);
+pub(super) struct Live(SmallVec<[(AttemptId, u64); 1]>);
 
 impl Live {
     /// The first attempt, sending body reader `reader`.

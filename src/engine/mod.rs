@@ -164,8 +164,8 @@ struct Pending {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Commit {
     Open,
-    /// To this attempt, which alone may go on.
-    To(AttemptId),
+    /// To the attempt sent this `send`-th, which alone may go on.
+    To(u32),
     /// To a body reader no attempt in flight holds: every attempt in flight is cut off.
     ToNone,
 }
@@ -181,45 +181,54 @@ pub(crate) struct Engine {
     sent: u32,
     /// Counted attempts sent (toward `maxAttempts`).
     counted: u32,
+    /// The next counted attempt decided on and not sent yet (one at a time in every mode).
+    next: Option<Pending>,
+    /// No more counted attempts: pushback said stop, the throttle refused, the service failed.
+    stopped: bool,
+    commit: Commit,
+    /// Attempts left the live set since the last [`Action::Cancel`].
+    cancelled: bool,
+    /// What only a call that failed once needs, made at its first failure (or first poll,
+    /// for a per-attempt timeout): a call answered at once carries one word for it.
+    trouble: Option<Box<Trouble>>,
+    started: bool,
+    ended: bool,
+}
+
+/// The state of a call that has failed once (its backoff, its transparent resends, its last
+/// failure and its statistics), or whose policy has a per-attempt timeout.
+#[derive(Debug, Default)]
+struct Trouble {
     /// Transparent retries sent.
     transparent: u32,
+    /// Counted attempts sent while earlier ones might still be in flight.
+    hedges: u32,
+    /// How the call ends, decided and not yet given to the driver.
+    ending: Option<End>,
+    /// The latest counted attempt's per-attempt timeout (a policy with one makes this state
+    /// at the call's first poll).
+    attempt_timeout: Option<(AttemptId, Instant)>,
     /// Never-sent answers in a row, for their backoff and their bound.
     not_sent_in_a_row: u32,
     refused_retried: bool,
     /// Backoffs since the start or the last pushback: the exponent of the next one.
     backoff_step: u32,
     previous_delay: Option<Duration>,
-    /// The next counted attempt decided on and not sent yet (one at a time in every mode).
-    next: Option<Pending>,
-    /// Transparent resends decided on and not sent yet; empty unless attempts failed, so
-    /// the success path allocates nothing here.
+    /// Transparent resends decided on and not sent yet.
     resends: Vec<Pending>,
-    /// The latest counted attempt's per-attempt timeout.
-    attempt_timeout: Option<(AttemptId, Instant)>,
     /// Attempts up to this send have timed out and been counted as failures (hedging on the
     /// per-attempt timeout leaves them running).
     timed_out_through: u32,
     /// An attempt that timed out and is to be dropped.
     timed_out: Option<AttemptId>,
-    /// No more counted attempts: pushback said stop, the throttle refused, the service failed.
-    stopped: bool,
-    commit: Commit,
-    /// Attempts left the live set since the last [`Action::Cancel`].
-    cancelled: bool,
     /// The attempt whose failure is kept as the call's last.
     last: Option<AttemptId>,
     /// Failed retries (attempts after the first) not yet taken for the statistics.
     retry_failures: u32,
-    /// Counted attempts sent while earlier ones might still be in flight.
-    hedges: u32,
     /// Since when no attempt has been in flight (A96's retry delay), if the call is waiting.
     idle_since: Option<Instant>,
     /// Time spent with no attempt in flight before a later attempt was sent.
     idle: Duration,
-    started: bool,
-    /// How the call ends, decided and not yet given to the driver.
-    ending: Option<End>,
-    ended: bool,
 }
 
 /// What a call's result carries about its attempts, when it made more than one.
@@ -247,26 +256,12 @@ impl Engine {
             live: Live::first(reader),
             sent: 1,
             counted: 1,
-            transparent: 0,
-            not_sent_in_a_row: 0,
-            refused_retried: false,
-            backoff_step: 0,
-            previous_delay: None,
             next: None,
-            resends: Vec::new(),
-            attempt_timeout: None,
-            timed_out_through: 0,
-            timed_out: None,
             stopped: false,
             commit: Commit::Open,
             cancelled: false,
-            last: None,
-            retry_failures: 0,
-            hedges: 0,
-            idle_since: None,
-            idle: Duration::ZERO,
+            trouble: None,
             started: false,
-            ending: None,
             ended: false,
         };
         if engine.rules.hedging_delay().is_some() && engine.may_count_another() {
@@ -286,7 +281,8 @@ impl Engine {
 
     /// The attempts sent so far.
     pub(crate) fn attempts(&self) -> Attempts {
-        Attempts::new(self.sent, self.transparent)
+        let transparent = self.trouble.as_ref().map_or(0, |t| t.transparent);
+        Attempts::new(self.sent, transparent)
     }
 
     /// What the result of `from` (the attempt it came from; `None` for an error the call
@@ -308,18 +304,22 @@ impl Engine {
         if self.sent <= 1 {
             return None;
         }
+        let trouble = self.trouble.as_deref();
+        let hedges = trouble.map_or(0, |t| t.hedges);
         Some(CallCounts {
-            retries: self.counted - 1 - self.hedges,
-            hedges: self.hedges,
-            transparent: self.transparent,
-            delay: self.idle,
+            retries: self.counted - 1 - hedges,
+            hedges,
+            transparent: trouble.map_or(0, |t| t.transparent),
+            delay: self.trouble.as_ref().map_or(Duration::ZERO, |t| t.idle),
         })
     }
 
     /// Failed retries since the last call, for the statistics: A6 counts "retry attempts
     /// which failed", hedges after the first included.
     pub(crate) fn take_retry_failures(&mut self) -> u32 {
-        std::mem::take(&mut self.retry_failures)
+        self.trouble
+            .as_mut()
+            .map_or(0, |t| std::mem::take(&mut t.retry_failures))
     }
 
     /// The classifier of the call's attempts.
@@ -363,7 +363,7 @@ impl Engine {
     /// attempt's timeout, or a send that is not due yet.
     fn wake_at(&self) -> Option<Instant> {
         let next = self.scheduled().filter_map(|p| p.at).min();
-        earliest([next, self.attempt_timeout.map(|(_, at)| at), self.deadline])
+        earliest([next, self.attempt_timeout(), self.deadline])
     }
 
     /// [`wake_at`](Self::wake_at) past `now`: while a due send waits for its service, only
@@ -371,8 +371,24 @@ impl Engine {
     pub(crate) fn wake_after(&self, now: Instant) -> Option<Instant> {
         let later = |at: &Instant| *at > now;
         let next = self.scheduled().filter_map(|p| p.at).filter(later).min();
-        let timeout = self.attempt_timeout.map(|(_, at)| at).filter(later);
+        let timeout = self.attempt_timeout().filter(later);
         earliest([next, timeout, self.deadline.filter(later)])
+    }
+
+    /// Whether the call has ended, or its end is decided.
+    fn is_over(&self) -> bool {
+        self.ended || self.trouble.as_ref().is_some_and(|t| t.ending.is_some())
+    }
+
+    /// When the latest counted attempt's per-attempt timeout runs out, if it has one.
+    fn attempt_timeout(&self) -> Option<Instant> {
+        let trouble = self.trouble.as_ref()?;
+        trouble.attempt_timeout.map(|(_, at)| at)
+    }
+
+    /// The state of a call that has failed, made at its first failure.
+    fn trouble(&mut self) -> &mut Trouble {
+        self.trouble.get_or_insert_with(Box::default)
     }
 
     /// Anchors the first attempt's timers at the time the call first waits.
@@ -382,7 +398,7 @@ impl Engine {
         }
         self.started = true;
         if let Some((timeout, _)) = self.rules.per_attempt_timeout() {
-            self.attempt_timeout = Some((AttemptId::FIRST, after(now, timeout)));
+            self.trouble().attempt_timeout = Some((AttemptId::FIRST, after(now, timeout)));
         }
         if let Some(delay) = self.rules.hedging_delay()
             && let Some(next) = &mut self.next
@@ -407,20 +423,23 @@ impl Engine {
 
     /// Every send decided on and not made yet.
     fn scheduled(&self) -> impl Iterator<Item = &Pending> {
-        self.next.iter().chain(&self.resends)
+        let resends = self.trouble.iter().flat_map(|t| &t.resends);
+        self.next.iter().chain(resends)
     }
 
     /// Drops every send decided on: no new attempt may start.
     fn unschedule(&mut self) {
         self.next = None;
-        self.resends.clear();
+        if let Some(trouble) = &mut self.trouble {
+            trouble.resends.clear();
+        }
     }
 
     /// The call ends as `end` says, at the next [`poll`](Self::poll).
     fn end(&mut self, end: End) {
-        if self.ending.is_none() && !self.ended {
+        if !self.is_over() {
             // The driver drops every attempt when the call ends: no separate cancel.
-            self.ending = Some(end);
+            self.trouble().ending = Some(end);
             self.unschedule();
             self.live.clear();
             self.cancelled = false;
@@ -431,12 +450,12 @@ impl Engine {
     /// may go. A counted send asks the throttle here, once, when it can really be sent (a
     /// budget withdraws when it says yes); a refusal stops the counted attempts.
     pub(crate) fn admit(&mut self, send: Send) -> bool {
-        if self.ended || self.ending.is_some() {
+        if self.is_over() {
             return false;
         }
         let Some(next) = self.next.as_mut().filter(|p| p.send == send) else {
             // A transparent resend: granted when it was decided on.
-            return self.resends.iter().any(|p| p.send == send);
+            return self.scheduled().any(|p| p.send == send);
         };
         if next.granted {
             return true;
@@ -459,12 +478,16 @@ impl Engine {
     ) -> AttemptId {
         if self.next.is_some_and(|p| p.send == send) {
             self.next = None;
-        } else if let Some(i) = self.resends.iter().position(|p| p.send == send) {
-            self.resends.swap_remove(i);
+        } else if let Some(trouble) = &mut self.trouble
+            && let Some(i) = trouble.resends.iter().position(|p| p.send == send)
+        {
+            trouble.resends.swap_remove(i);
         }
         self.sent += 1;
-        if let Some(since) = self.idle_since.take() {
-            self.idle += inputs.now().saturating_duration_since(since);
+        if let Some(trouble) = &mut self.trouble
+            && let Some(since) = trouble.idle_since.take()
+        {
+            trouble.idle += inputs.now().saturating_duration_since(since);
         }
         let id = AttemptId {
             send: self.sent,
@@ -472,13 +495,16 @@ impl Engine {
         };
         self.live.push(id, reader);
         if send.transparent {
-            self.transparent += 1;
+            self.trouble().transparent += 1;
             return id;
         }
         self.counted += 1;
-        self.hedges += u32::from(send.hedge);
+        if send.hedge {
+            self.trouble().hedges += 1;
+        }
         if let Some((timeout, _)) = self.rules.per_attempt_timeout() {
-            self.attempt_timeout = Some((id, after(inputs.now(), timeout)));
+            let at = after(inputs.now(), timeout);
+            self.trouble().attempt_timeout = Some((id, at));
         }
         if let Some(delay) = self.rules.hedging_delay()
             && self.may_count_another()
@@ -500,7 +526,7 @@ impl Engine {
     /// failed, in whichever task polled it. Only the attempt that holds that reader may go
     /// on (none, if no attempt in flight holds it), and no new attempt may start.
     pub(crate) fn on_commit(&mut self, reader: u64) {
-        if self.commit != Commit::Open || self.ended || self.ending.is_some() {
+        if self.commit != Commit::Open || self.is_over() {
             return;
         }
         let attempt = self.live.holding(reader);
@@ -514,12 +540,14 @@ impl Engine {
 
     /// Commits the call to `attempt` (or to none): every other attempt is cut off.
     fn commit_to(&mut self, attempt: Option<AttemptId>) {
-        self.commit = attempt.map_or(Commit::ToNone, Commit::To);
+        self.commit = attempt.map_or(Commit::ToNone, |a| Commit::To(a.send));
         self.unschedule();
         if self.live.retain(|id| Some(id) == attempt) {
             self.cancelled = true;
         }
-        self.attempt_timeout = None;
+        if let Some(trouble) = &mut self.trouble {
+            trouble.attempt_timeout = None;
+        }
     }
 
     /// Claims the body for `attempt` (whose reader is `reader`), whose answer would end the
@@ -527,7 +555,7 @@ impl Engine {
     /// first, the call is committed to that reader's attempt instead.
     fn claim(&mut self, attempt: AttemptId, reader: u64, body: &dyn CommitBody) -> bool {
         match self.commit {
-            Commit::To(committed) => return committed == attempt,
+            Commit::To(committed) => return committed == attempt.send,
             Commit::ToNone => return false,
             Commit::Open => {}
         }
@@ -541,7 +569,7 @@ impl Engine {
             self.on_commit(chosen);
             return false;
         }
-        self.commit = Commit::To(attempt);
+        self.commit = Commit::To(attempt.send);
         true
     }
 
@@ -557,7 +585,7 @@ impl Engine {
     }
 
     fn deadline_passed(&mut self) {
-        if self.ending.is_none() && !self.ended {
+        if !self.is_over() {
             tracing::debug!(attempts = self.sent, "deadline exceeded");
             self.end(End::DeadlineExceeded);
         }
@@ -566,7 +594,7 @@ impl Engine {
     /// The service failed to become ready for a new attempt: no more attempts are sent.
     /// Returns whether the call has nothing left in flight, so that the error is its result.
     pub(crate) fn on_service_error(&mut self) -> bool {
-        if self.ended || self.ending.is_some() {
+        if self.is_over() {
             return false;
         }
         self.stopped = true;
@@ -586,10 +614,10 @@ impl Engine {
         if std::mem::take(&mut self.cancelled) {
             return Action::Cancel;
         }
-        if let Some(id) = self.timed_out.take() {
+        if let Some(id) = self.trouble.as_mut().and_then(|t| t.timed_out.take()) {
             return Action::TimedOut(id);
         }
-        if let Some(end) = self.ending.take() {
+        if let Some(end) = self.trouble.as_mut().and_then(|t| t.ending.take()) {
             self.ended = true;
             return Action::End(end);
         }
@@ -597,16 +625,17 @@ impl Engine {
         self.start(now);
         if self.live.is_empty() {
             // Nothing in flight: the wait until the next send is the call's retry delay.
-            self.idle_since.get_or_insert(now);
+            self.trouble().idle_since.get_or_insert(now);
         }
         if self.deadline.is_some_and(|deadline| now >= deadline) {
             self.deadline_passed();
             return self.poll(inputs);
         }
-        if let Some((attempt, at)) = self.attempt_timeout
+        if let Some(trouble) = &mut self.trouble
+            && let Some((attempt, at)) = trouble.attempt_timeout
             && now >= at
         {
-            self.attempt_timeout = None;
+            trouble.attempt_timeout = None;
             self.on_attempt_timeout(attempt, inputs);
             return self.poll(inputs);
         }
@@ -623,7 +652,8 @@ impl Engine {
 
     /// The end of a call with nothing in flight and nothing to send: its last failure.
     fn last_end(&self) -> End {
-        End::Last(self.last.unwrap_or(AttemptId::FIRST))
+        let last = self.trouble.as_ref().and_then(|t| t.last);
+        End::Last(last.unwrap_or(AttemptId::FIRST))
     }
 
     /// Fail fast: a send that cannot start before the deadline never will.
@@ -636,13 +666,16 @@ impl Engine {
             tracing::debug!(reason = "deadline", "not retrying");
             self.next = None;
         }
-        self.resends.retain(|p| !past(p));
+        if let Some(trouble) = &mut self.trouble {
+            trouble.resends.retain(|p| !past(p));
+        }
     }
 
     /// The send that is due at `now`, if any: transparent resends first.
     fn due(&self, now: Instant) -> Option<Send> {
         let is_due = |p: &&Pending| p.at.is_some_and(|at| at <= now);
-        let resend = self.resends.iter().filter(is_due).min_by_key(|p| p.at);
+        let resends = self.trouble.iter().flat_map(|t| &t.resends);
+        let resend = resends.filter(is_due).min_by_key(|p| p.at);
         resend.or(self.next.as_ref().filter(is_due)).map(|p| p.send)
     }
 
@@ -672,7 +705,7 @@ impl Engine {
         body: &dyn CommitBody,
         inputs: &mut Inputs<'_>,
     ) -> Verdict {
-        if self.ended || self.ending.is_some() {
+        if self.is_over() {
             return Verdict::Drop;
         }
         // Not live: cut off by a commit or cancelled (its result, a body error or a reset,

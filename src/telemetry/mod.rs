@@ -170,7 +170,7 @@ use tracing::Span;
 
 use crate::classify::Outcome;
 
-/// The spans of a call's attempts, kept only while the call's own span is enabled: the
+/// The call's span and its attempts' spans, kept only while the call's span is enabled: the
 /// driver holds an `Option<Box<AttemptSpans>>`, `None` for a call traced at no level, so
 /// that such a call pays one word and a few branches for them. Held inline in each attempt's
 /// state instead, they cost a call answered at once about 330 instructions (valgrind,
@@ -181,6 +181,7 @@ use crate::classify::Outcome;
 /// span is closed when its outcome is recorded: when it answers, times out, or is cancelled
 /// (dropped unanswered; the spans left when the call ends are cancelled too).
 pub(crate) struct AttemptSpans {
+    call: Span,
     open: Vec<(u32, Span)>,
 }
 
@@ -196,23 +197,40 @@ pub(crate) struct AttemptFields {
 }
 
 impl AttemptSpans {
-    /// The spans of a call whose first attempt is in flight, under the call's span.
-    pub(crate) fn of_call(call: &Span) -> Option<Box<AttemptSpans>> {
-        let mut spans = AttemptSpans { open: Vec::new() };
+    /// The spans of a call whose first attempt is in flight, under the call's span; `None`
+    /// when that span is disabled.
+    pub(crate) fn of_call(call: Span) -> Option<Box<AttemptSpans>> {
+        if call.is_disabled() {
+            return None;
+        }
+        let mut spans = AttemptSpans {
+            call,
+            open: Vec::new(),
+        };
         let first = AttemptFields {
             send: 1,
             previous: 0,
             transparent: false,
             hedge: false,
         };
-        spans.sent(call, first);
+        spans.sent(first);
         Some(Box::new(spans))
     }
 
-    /// Opens the span of an attempt just sent.
-    pub(crate) fn sent(&mut self, call: &Span, attempt: AttemptFields) {
+    /// The call's span.
+    pub(crate) fn call(&self) -> &Span {
+        &self.call
+    }
+
+    /// Opens the span of an attempt just sent, and records the call's resends so far
+    /// (OpenTelemetry's `http.request.resend_count`).
+    pub(crate) fn sent(&mut self, attempt: AttemptFields) {
+        if attempt.send > 1 {
+            self.call
+                .record("http.request.resend_count", attempt.send - 1);
+        }
         let span = tracing::debug_span!(
-            parent: call,
+            parent: &self.call,
             "attempt",
             attempt = attempt.send,
             "previous-rpc-attempts" = attempt.previous,
