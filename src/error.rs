@@ -48,7 +48,7 @@ impl fmt::Display for AttemptTimedOut {
 impl std::error::Error for AttemptTimedOut {}
 
 /// The error of a call that made more than one attempt: the last attempt's error (or the
-/// layer's own, such as [`DeadlineExceeded`]), with the [`Attempts`](crate::metadata::Attempts)
+/// layer's own, such as [`DeadlineExceeded`]), with the [`Attempts`]
 /// made. A call of one attempt returns its error as it is.
 ///
 /// Find it by downcasting; the error inside is its [`source`](std::error::Error::source)
@@ -155,7 +155,7 @@ pub(crate) fn attempt_timed_out(grpc: bool) -> crate::BoxError {
 
 /// Read here, beside [`Attempted`], so that `metadata` does not depend on this module.
 impl Attempts {
-    /// The attempts behind an error of the layers: an [`Attempted`](Attempted)
+    /// The attempts behind an error of the layers: an [`Attempted`]
     /// error's, or for a `tonic::Status`, its `grpc-previous-rpc-attempts` metadata (plus
     /// one); a single attempt otherwise (the layers mark only calls of several attempts).
     pub fn of_error(error: &(dyn std::error::Error + 'static)) -> Attempts {
