@@ -47,12 +47,16 @@ impl fmt::Display for AttemptTimedOut {
 
 impl std::error::Error for AttemptTimedOut {}
 
-/// The error of a call that made more than one attempt: the last attempt's error (or the
-/// layer's own, such as [`DeadlineExceeded`]), with the [`Attempts`]
-/// made. A call of one attempt returns its error as it is.
+/// The error of every call a layer drove: the last attempt's error (or the layer's own, such
+/// as [`DeadlineExceeded`]), with the [`Attempts`] made, whatever their number, so that the
+/// type a caller matches on does not change the first time a call retries. Never nested: an
+/// error that is an `Attempted` already is returned as it is.
 ///
-/// Find it by downcasting; the error inside is its [`source`](std::error::Error::source)
-/// (tonic's client finds a `tonic::Status` there, so the status code is kept).
+/// Find it by downcasting; the error inside is its [`source`](std::error::Error::source),
+/// and [`last_error`] gives it. tonic's client finds a `tonic::Status` in that chain, so the
+/// status code is kept (with the `tonic` feature, a gRPC call whose last attempt could not
+/// connect fails with `UNAVAILABLE` there); [`Attempts::of_error`] reads the count from the
+/// `Attempted` or from a `tonic::Status` that carries one as its source.
 ///
 /// ```
 /// use tower_retry_hedge::error::Attempted;
@@ -92,9 +96,9 @@ impl Attempted {
     }
 }
 
-/// The last attempt's error of a call: inside an [`Attempted`] when the call made several
-/// attempts, else the error itself. What a caller that downcasts the inner service's error
-/// should look at.
+/// The last attempt's error of a call: the error inside its [`Attempted`] (found in the error
+/// or in its chain of sources, as in a `tonic::Status` made from it), else the error itself.
+/// What a caller that downcasts the inner service's error should look at.
 ///
 /// ```
 /// use tower_retry_hedge::error::last_error;
@@ -103,20 +107,32 @@ impl Attempted {
 /// assert!(last_error(&error).is::<std::io::Error>());
 /// ```
 pub fn last_error(error: &crate::BoxError) -> &(dyn std::error::Error + Send + Sync + 'static) {
-    match error.downcast_ref::<Attempted>() {
+    match find_attempted(&**error) {
         Some(attempted) => attempted.get_ref(),
         None => &**error,
     }
 }
 
+/// The [`Attempted`] in `error` or in its chain of sources.
+fn find_attempted<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a Attempted> {
+    let mut next = Some(error);
+    // Bounded: a chain is short, and a cycle must not hang the caller.
+    for _ in 0..32 {
+        let error = next?;
+        if let Some(attempted) = error.downcast_ref::<Attempted>() {
+            return Some(attempted);
+        }
+        next = error.source();
+    }
+    None
+}
+
 impl fmt::Display for Attempted {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} (after {} attempts)",
-            self.error,
-            self.attempts.sent()
-        )
+        match self.attempts.sent() {
+            1 => write!(f, "{}", self.error),
+            sent => write!(f, "{} (after {sent} attempts)", self.error),
+        }
     }
 }
 
@@ -155,11 +171,12 @@ pub(crate) fn attempt_timed_out(grpc: bool) -> crate::BoxError {
 
 /// Read here, beside [`Attempted`], so that `metadata` does not depend on this module.
 impl Attempts {
-    /// The attempts behind an error of the layers: an [`Attempted`]
-    /// error's, or for a `tonic::Status`, its `grpc-previous-rpc-attempts` metadata (plus
-    /// one); a single attempt otherwise (the layers mark only calls of several attempts).
+    /// The attempts behind an error of the layers: those of the [`Attempted`] in the error
+    /// or in its chain of sources (a `tonic::Status` that tonic's client made from it carries
+    /// it as its source), else, for a `tonic::Status`, its `grpc-previous-rpc-attempts`
+    /// metadata plus one; a single attempt otherwise.
     pub fn of_error(error: &(dyn std::error::Error + 'static)) -> Attempts {
-        if let Some(attempted) = error.downcast_ref::<Attempted>() {
+        if let Some(attempted) = find_attempted(error) {
             return attempted.attempts();
         }
         #[cfg(feature = "tonic")]

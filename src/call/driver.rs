@@ -429,12 +429,10 @@ where
             if !state.engine.on_service_error() {
                 return Some(Sent::No);
             }
-            let (marks, grpc) = (state.engine.marks(None), state.engine.grpc());
-            Some(Sent::Failed(Box::new(finish(
-                Err(error.into()),
-                marks,
-                grpc,
-            ))))
+            let engine = &state.engine;
+            let (attempts, marks) = (engine.attempts(), engine.marks(None));
+            let result = finish(Err(error.into()), attempts, marks, engine.grpc());
+            Some(Sent::Failed(Box::new(result)))
         }
     }
 }
@@ -454,7 +452,7 @@ where
         End::Last(id) => (last.unwrap_or_else(|| Err(no_result())), Some(id)),
         End::DeadlineExceeded => (Err(deadline_exceeded(engine.grpc())), None),
     };
-    finish(result, engine.marks(from), engine.grpc())
+    finish(result, engine.attempts(), engine.marks(from), engine.grpc())
 }
 
 /// Polls the call's timer; tells whether it has fired.
@@ -530,7 +528,13 @@ where
             this.first.set(None);
             state.later = None;
             let grpc = state.engine.grpc();
-            Some(finish(result, state.engine.marks(Some(id)), grpc))
+            let engine = &state.engine;
+            Some(finish(
+                result,
+                engine.attempts(),
+                engine.marks(Some(id)),
+                grpc,
+            ))
         }
         Verdict::Keep => {
             Later::of(&mut state.later).last = Some(result);

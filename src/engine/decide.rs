@@ -64,9 +64,25 @@ impl Engine {
                 tracing::debug!(attempt = attempt.send, reason = "fatal", "committed");
                 Verdict::Return
             }
-            Outcome::NotSent => {
+            Outcome::NotSent if self.rules.wait_for_ready => {
                 self.not_sent(attempt, inputs);
                 self.keep(attempt)
+            }
+            Outcome::NotSent => {
+                // No connection could be made: gRPC's default (not waiting for ready) makes
+                // it an `UNAVAILABLE` failure for the policy. It never reached the server,
+                // so the method's idempotency does not stop a retry.
+                match self.unavailable_as_the_policy_sees_it() {
+                    outcome @ Outcome::Retryable(_) => {
+                        self.count_retry_failure(attempt);
+                        self.retryable_never_reached(outcome, result, inputs);
+                        self.keep(attempt)
+                    }
+                    _ => {
+                        let fatal = Outcome::Fatal(None);
+                        self.answer(attempt, reader, fatal, result, body, inputs)
+                    }
+                }
             }
             Outcome::Refused if !self.trouble().refused_retried && self.replayable() => {
                 // Reached the server but not its application: once, at once.
@@ -76,7 +92,7 @@ impl Engine {
             }
             Outcome::Refused => {
                 // A second refusal is the policy's to judge, as the `UNAVAILABLE` it maps to.
-                let outcome = self.refused_as_the_policy_sees_it();
+                let outcome = self.unavailable_as_the_policy_sees_it();
                 self.trouble().refused_retried = true;
                 if outcome == Outcome::Refused {
                     if !self.claim(attempt, reader, body) {
@@ -116,9 +132,11 @@ impl Engine {
         }
     }
 
-    /// How the policy's classifier sees a refused stream: as `UNAVAILABLE` for gRPC (a
-    /// Trailers-Only response with `grpc-status: 14`), as a 503 for HTTP.
-    fn refused_as_the_policy_sees_it(&self) -> Outcome {
+    /// How the policy's classifier sees an attempt that did not reach the server's
+    /// application (a second refused stream, or no connection without wait-for-ready): as
+    /// `UNAVAILABLE` for gRPC (a Trailers-Only response with `grpc-status: 14`), as a 503 for
+    /// HTTP.
+    fn unavailable_as_the_policy_sees_it(&self) -> Outcome {
         let mut headers = HeaderMap::new();
         let status = if self.rules.grpc {
             headers.insert("grpc-status", HeaderValue::from_static("14"));
@@ -191,6 +209,30 @@ impl Engine {
         inputs: &mut Inputs<'_>,
         at_once: bool,
     ) {
+        self.retry(outcome, result, inputs, at_once, self.rules.may_repeat);
+    }
+
+    /// A retryable failure of an attempt that never reached the server: retried whatever
+    /// the method's idempotency.
+    fn retryable_never_reached(
+        &mut self,
+        outcome: Outcome,
+        result: AttemptResult<'_>,
+        inputs: &mut Inputs<'_>,
+    ) {
+        self.retry(outcome, result, inputs, false, true);
+    }
+
+    /// A retryable failure: see [`retryable`](Self::retryable); `may_repeat` says whether
+    /// this attempt's request may reach the server's application again.
+    fn retry(
+        &mut self,
+        outcome: Outcome,
+        result: AttemptResult<'_>,
+        inputs: &mut Inputs<'_>,
+        at_once: bool,
+        may_repeat: bool,
+    ) {
         if let Some(throttle) = &self.rules.throttle {
             throttle.on_failure();
         }
@@ -202,7 +244,7 @@ impl Engine {
             other => other,
         };
         if let Mode::Hedge(..) = self.rules.mode {
-            self.next_hedge(pushback, inputs.now());
+            self.next_hedge(pushback, inputs.now(), may_repeat);
             return;
         }
         let stop = |engine: &mut Engine, reason: &'static str| {
@@ -212,11 +254,11 @@ impl Engine {
         if pushback == Some(Pushback::Stop) {
             return stop(self, "pushback: stop");
         }
-        if !self.may_count_another() {
+        if !self.may_count(may_repeat) {
             // Before the hook and the throttle: a call that cannot repeat asks neither.
             let reason = if !self.replayable() {
                 "not replayable"
-            } else if !self.rules.may_repeat {
+            } else if !may_repeat {
                 "not idempotent"
             } else {
                 "max attempts"
@@ -305,7 +347,7 @@ impl Engine {
 
     /// A non-fatal hedge failure: the next hedge goes now, or after the server's pushback,
     /// or never; later ones follow at the hedging delay from it.
-    fn next_hedge(&mut self, pushback: Option<Pushback>, now: Instant) {
+    fn next_hedge(&mut self, pushback: Option<Pushback>, now: Instant, may_repeat: bool) {
         if pushback == Some(Pushback::Stop) {
             tracing::debug!(
                 attempt = self.sent,
@@ -323,7 +365,7 @@ impl Engine {
         let at = after(now, delay);
         if let Some(next) = &mut self.next {
             next.at = Some(at);
-        } else if self.may_count_another() {
+        } else if self.may_count(may_repeat) {
             self.next = Some(Pending {
                 at: Some(at),
                 send: Send {

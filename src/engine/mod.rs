@@ -415,9 +415,15 @@ impl Engine {
     /// Whether another counted attempt may be decided on: attempts left, no stop, the body
     /// can be replayed, and the request may be repeated.
     fn may_count_another(&self) -> bool {
+        self.may_count(self.rules.may_repeat)
+    }
+
+    /// [`may_count_another`](Self::may_count_another), for an attempt whose request may
+    /// reach the server's application again if `may_repeat`.
+    fn may_count(&self, may_repeat: bool) -> bool {
         !self.stopped
             && self.replayable()
-            && self.rules.may_repeat
+            && may_repeat
             && self.counted + u32::from(self.next.is_some()) < self.rules.max_attempts
     }
 

@@ -121,6 +121,7 @@ struct Setup {
     throttle: bool,
     may_repeat: bool,
     per_attempt_timeout: Option<u64>,
+    wait_for_ready: bool,
 }
 
 fn setups() -> impl Strategy<Value = Setup> {
@@ -133,9 +134,20 @@ fn setups() -> impl Strategy<Value = Setup> {
         any::<bool>(),
         prop_oneof![4 => Just(true), 1 => Just(false)],
         proptest::option::weighted(0.2, 20u64..300),
+        any::<bool>(),
     )
         .prop_map(
-            |(mode, max_attempts, hedging_delay, body, deadline, throttle, may_repeat, timeout)| {
+            |(
+                mode,
+                max_attempts,
+                hedging_delay,
+                body,
+                deadline,
+                throttle,
+                may_repeat,
+                timeout,
+                wait,
+            )| {
                 Setup {
                     mode,
                     max_attempts,
@@ -145,6 +157,7 @@ fn setups() -> impl Strategy<Value = Setup> {
                     throttle,
                     may_repeat,
                     per_attempt_timeout: timeout,
+                    wait_for_ready: wait,
                 }
             },
         )
@@ -194,6 +207,7 @@ fn engine_for(setup: &Setup, start: Instant) -> Engine {
         grpc: true,
         max_pushback: ms(200),
         throttle,
+        wait_for_ready: setup.wait_for_ready,
     };
     let body = [BodyKind::Clones, BodyKind::Recorded, BodyKind::Once][usize::from(setup.body)];
     let deadline = setup.deadline.map(|d| start + ms(d));

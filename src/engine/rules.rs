@@ -45,6 +45,9 @@ pub(crate) struct Rules {
     /// The longest pushback waited out; a longer one stops the retries.
     pub(crate) max_pushback: Duration,
     pub(crate) throttle: Option<ThrottleHandle>,
+    /// gRPC's wait-for-ready: an attempt that could not connect is resent transparently
+    /// until the deadline; without it, it is an `UNAVAILABLE` failure for the policy.
+    pub(crate) wait_for_ready: bool,
 }
 
 impl Rules {
@@ -64,6 +67,7 @@ impl Rules {
         }
     }
 
+    /// The bound on resends of attempts that could not be sent, for a call without deadline.
     pub(super) fn max_transparent(&self) -> u32 {
         match &self.mode {
             Mode::Retry(policy) => policy.max_transparent_retries,
@@ -185,27 +189,27 @@ pub(crate) fn plan(
         return Plan::Passthrough;
     }
     let repeatable = call.grpc || call.method.is_idempotent();
-    let (mode, max_attempts, may_repeat, timeout) = match policy {
+    let single = |timeout, wait| (Mode::Single, 1, repeatable, timeout, wait);
+    let (mode, max_attempts, may_repeat, timeout, wait_for_ready) = match policy {
         Some(MethodPolicy::Retry(policy)) => {
             let opted_in = policy.retry_non_idempotent
                 || (policy.retry_with_idempotency_key
                     && call.headers.contains_key("idempotency-key"));
             let mode = Mode::Retry(Arc::clone(policy));
-            (
-                mode,
-                policy.max_attempts,
-                repeatable || opted_in,
-                policy.timeout,
-            )
+            let may_repeat = repeatable || opted_in;
+            let wait = policy.wait_for_ready;
+            (mode, policy.max_attempts, may_repeat, policy.timeout, wait)
         }
         Some(MethodPolicy::Hedge(policy)) => {
             let mode = Mode::Hedge(Arc::clone(policy), policy.delay.current());
             let may_repeat = repeatable || policy.non_idempotent;
-            (mode, policy.max_attempts, may_repeat, policy.timeout)
+            let wait = policy.wait_for_ready;
+            (mode, policy.max_attempts, may_repeat, policy.timeout, wait)
         }
-        Some(MethodPolicy::Timeout(timeout)) => (Mode::Single, 1, repeatable, Some(*timeout)),
+        Some(MethodPolicy::Timeout(timeout)) => single(Some(*timeout), false),
+        Some(MethodPolicy::WaitForReady(timeout)) => single(*timeout, true),
         None if !table.has_throttle && !table.transparent_retries => return Plan::Passthrough,
-        None => (Mode::Single, 1, repeatable, None),
+        None => single(None, false),
     };
     let track_backends =
         table.track_backends || matches!(&mode, Mode::Hedge(policy, _) if policy.track_backends);
@@ -218,6 +222,7 @@ pub(crate) fn plan(
             grpc: call.grpc,
             max_pushback: table.max_pushback,
             throttle: None,
+            wait_for_ready,
         },
         deadline,
         deadline_from_header,

@@ -94,7 +94,14 @@ fn rules(mode: Mode, max_attempts: u32, throttle: Option<ThrottleHandle>) -> Rul
         grpc: true,
         max_pushback: Duration::from_secs(60),
         throttle,
+        wait_for_ready: false,
     }
+}
+
+/// [`rules`] with gRPC's wait-for-ready: never-sent attempts are resent transparently.
+fn waiting(mut rules: Rules) -> Rules {
+    rules.wait_for_ready = true;
+    rules
 }
 
 fn retry_engine(policy: Arc<RetryPolicy>, deadline: Option<Instant>) -> Engine {
@@ -278,7 +285,9 @@ fn the_deadline_ends_the_call() {
 #[test]
 fn never_sent_attempts_back_off_until_the_deadline_and_do_not_count() {
     let t = Clock(Instant::now());
-    let mut engine = retry_engine(retry_policy(|b| b.max_attempts(2)), Some(t.at(ms(1000))));
+    let policy = retry_policy(|b| b.max_attempts(2));
+    let rules = waiting(rules(Mode::Retry(policy), 2, None));
+    let mut engine = engine_of(rules, Some(t.at(ms(1000))));
     let mut id = AttemptId::FIRST;
     let mut now = t.at(ms(0));
     // Backoff 100, 200, 400 ms; the fourth (800 ms) would end past the deadline.
@@ -304,7 +313,10 @@ fn never_sent_attempts_back_off_until_the_deadline_and_do_not_count() {
 #[test]
 fn never_sent_then_unavailable_then_ok_numbers_the_third_send_1() {
     let t = Clock(Instant::now());
-    let mut engine = retry_engine(retry_policy(|b| b), None);
+    let mut engine = engine_of(
+        waiting(rules(Mode::Retry(retry_policy(|b| b)), 5, None)),
+        None,
+    );
     answer(&mut engine, AttemptId::FIRST, Outcome::NotSent, t.at(ms(0)));
     let Action::Send(resend) = poll(&mut engine, t.at(ms(100))) else {
         panic!()
@@ -400,15 +412,9 @@ fn throttled_retries_stop() {
 }
 
 fn hedge_engine(max: u32, delay: Duration, throttle: Option<ThrottleHandle>) -> Engine {
-    let policy = Arc::new(
-        HedgePolicy::builder()
-            .max_attempts(max)
-            .delay(delay)
-            .non_fatal(GrpcCodes::from([Code::Unavailable]))
-            .build()
-            .unwrap(),
-    );
-    engine_of(rules(Mode::Hedge(policy, delay), max, throttle), None)
+    let mut rules = hedge_rules(max, delay);
+    rules.throttle = throttle;
+    engine_of(rules, None)
 }
 
 #[test]
@@ -609,13 +615,7 @@ fn a_body_committed_to_the_attempt_that_fails_in_the_same_poll_returns_that_fail
 
 #[test]
 fn a_hedged_call_committed_to_one_attempt_ends_when_it_and_another_fail_together() {
-    let policy = HedgePolicy::builder()
-        .max_attempts(3)
-        .delay(ms(0))
-        .non_fatal(GrpcCodes::from([Code::Unavailable]))
-        .build()
-        .unwrap();
-    let mut engine = recorded(rules(Mode::Hedge(Arc::new(policy), ms(0)), 3, None), None);
+    let mut engine = recorded(hedge_rules(3, ms(0)), None);
     let Action::Send(send) = poll(&mut engine, t0()) else {
         panic!("the hedge goes at once")
     };
@@ -736,7 +736,10 @@ impl RetryThrottle for Counting {
 
 #[test]
 fn the_result_carries_its_own_attempts_count_transparent_resends_excluded() {
-    let mut engine = retry_engine(retry_policy(|b| b), None);
+    let mut engine = engine_of(
+        waiting(rules(Mode::Retry(retry_policy(|b| b)), 5, None)),
+        None,
+    );
     answer(&mut engine, AttemptId::FIRST, Outcome::NotSent, t0());
     let Action::Send(resend) = poll(&mut engine, t0() + ms(100)) else {
         panic!()
@@ -959,4 +962,83 @@ fn the_deadline_is_the_earliest_of_header_timeout_and_extension() {
         deadline_of(Some(secs(1)), &with_extension),
         (Some(now + ms(500)), false)
     );
+}
+
+#[test]
+fn without_wait_for_ready_a_never_sent_attempt_is_an_unavailable_failure_for_the_policy() {
+    // Retried as a counted attempt, after the backoff, even for a POST, and it counts
+    // against the throttle.
+    let throttle = Throttle::new(10, 0.1).unwrap();
+    let handle = Some(Arc::new(throttle.clone()) as ThrottleHandle);
+    let mut rules = rules(Mode::Retry(retry_policy(|b| b.max_attempts(3))), 3, handle);
+    rules.may_repeat = false;
+    let mut engine = engine_of(rules, None);
+    assert_eq!(
+        answer(&mut engine, AttemptId::FIRST, Outcome::NotSent, t0()),
+        Verdict::Keep
+    );
+    assert_eq!(throttle.tokens_milli(), 9_000);
+    assert_eq!(poll(&mut engine, t0()), Action::Wait(Some(t0() + ms(100))));
+    let Action::Send(send) = poll(&mut engine, t0() + ms(100)) else {
+        panic!("retried after the backoff")
+    };
+    assert!(!send.transparent);
+    let second = sent(&mut engine, send, t0() + ms(100));
+    assert_eq!(second.number, 2);
+    assert_eq!(
+        answer(&mut engine, second, Outcome::NotSent, t0() + ms(100)),
+        Verdict::Keep
+    );
+    let Action::Send(send) = poll(&mut engine, t0() + ms(300)) else {
+        panic!("retried again")
+    };
+    let third = sent(&mut engine, send, t0() + ms(300));
+    assert_eq!(
+        answer(&mut engine, third, Outcome::NotSent, t0() + ms(300)),
+        Verdict::Keep
+    );
+    // maxAttempts reached.
+    assert_eq!(
+        poll(&mut engine, t0() + ms(300)),
+        Action::End(End::Last(third))
+    );
+    assert_eq!(engine.attempts(), Attempts::new(3, 0));
+}
+
+#[test]
+fn without_a_policy_a_never_sent_attempt_fails_the_call_at_once() {
+    let mut engine = engine_of(rules(Mode::Single, 1, None), None);
+    assert_eq!(
+        answer(&mut engine, AttemptId::FIRST, Outcome::NotSent, t0()),
+        Verdict::Return
+    );
+    // With wait-for-ready (a method config with only `"waitForReady": true`), it is resent.
+    let mut engine = engine_of(waiting(rules(Mode::Single, 1, None)), None);
+    assert_eq!(
+        answer(&mut engine, AttemptId::FIRST, Outcome::NotSent, t0()),
+        Verdict::Keep
+    );
+    let Action::Send(send) = poll(&mut engine, t0() + ms(1000)) else {
+        panic!("resent")
+    };
+    assert!(send.transparent);
+}
+
+#[test]
+fn a_never_sent_hedge_sends_the_next_at_once_when_unavailable_is_non_fatal() {
+    let mut engine = engine_of(hedge_rules(3, ms(500)), None);
+    poll(&mut engine, t0());
+    assert_eq!(
+        answer(
+            &mut engine,
+            AttemptId::FIRST,
+            Outcome::NotSent,
+            t0() + ms(1)
+        ),
+        Verdict::Keep
+    );
+    let Action::Send(send) = poll(&mut engine, t0() + ms(1)) else {
+        panic!("the next hedge goes at once")
+    };
+    assert!(send.hedge && !send.transparent);
 }

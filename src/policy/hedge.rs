@@ -48,6 +48,7 @@ pub struct HedgePolicy {
     pub(crate) classifier: Arc<dyn Classify>,
     pub(crate) timeout: Option<Duration>,
     pub(crate) non_idempotent: bool,
+    pub(crate) wait_for_ready: bool,
 }
 
 impl fmt::Debug for HedgePolicy {
@@ -70,6 +71,7 @@ impl HedgePolicy {
             classifier: None,
             timeout: None,
             non_idempotent: false,
+            wait_for_ready: false,
         }
     }
 
@@ -97,6 +99,7 @@ pub struct HedgePolicyBuilder {
     classifier: Option<Arc<dyn Classify>>,
     timeout: Option<Duration>,
     non_idempotent: bool,
+    wait_for_ready: bool,
 }
 
 impl fmt::Debug for HedgePolicyBuilder {
@@ -164,6 +167,16 @@ impl HedgePolicyBuilder {
         self
     }
 
+    /// gRPC's wait-for-ready, as
+    /// [`RetryPolicyBuilder::wait_for_ready`](crate::policy::RetryPolicyBuilder::wait_for_ready)
+    /// has it: an attempt that could not connect is resent transparently until the deadline.
+    /// Off by default: it is an `UNAVAILABLE` failure, which sends the next hedge at once if
+    /// `UNAVAILABLE` is non-fatal.
+    pub fn wait_for_ready(mut self, enabled: bool) -> Self {
+        self.wait_for_ready = enabled;
+        self
+    }
+
     /// Validates and builds the policy.
     pub fn build(self) -> Result<HedgePolicy, PolicyError> {
         if self.max_attempts < 2 {
@@ -178,6 +191,7 @@ impl HedgePolicyBuilder {
                 .unwrap_or_else(|| Arc::new(GrpcCodes::empty())),
             timeout: self.timeout,
             non_idempotent: self.non_idempotent,
+            wait_for_ready: self.wait_for_ready,
         })
     }
 }

@@ -110,6 +110,11 @@ pub enum MethodPolicy {
     /// Neither retried nor hedged, but given this call timeout across its (transparent)
     /// attempts: what a service-config method entry with only a `timeout` means.
     Timeout(Duration),
+    /// Neither retried nor hedged, but sent with gRPC's wait-for-ready semantics: an attempt
+    /// that could not be sent because no connection could be made is resent, with backoff,
+    /// until the deadline (this call timeout, if any). What a service-config method entry
+    /// with `"waitForReady": true` and no retry or hedging policy means.
+    WaitForReady(Option<Duration>),
 }
 
 impl MethodPolicy {
@@ -120,6 +125,7 @@ impl MethodPolicy {
             MethodPolicy::Retry(policy) => policy.timeout,
             MethodPolicy::Hedge(policy) => policy.timeout,
             MethodPolicy::Timeout(timeout) => Some(*timeout),
+            MethodPolicy::WaitForReady(timeout) => *timeout,
         }
     }
 }

@@ -52,6 +52,7 @@ pub struct RetryPolicy {
     pub(crate) retry_non_idempotent: bool,
     pub(crate) retry_with_idempotency_key: bool,
     pub(crate) max_transparent_retries: u32,
+    pub(crate) wait_for_ready: bool,
     pub(crate) per_attempt_timeout: Option<Duration>,
     pub(crate) hedge_on_per_attempt_timeout: bool,
     pub(crate) on_retry: Option<RetryHook>,
@@ -85,6 +86,7 @@ impl RetryPolicy {
             retry_non_idempotent: false,
             retry_with_idempotency_key: false,
             max_transparent_retries: DEFAULT_MAX_TRANSPARENT_RETRIES,
+            wait_for_ready: false,
             per_attempt_timeout: None,
             hedge_on_per_attempt_timeout: false,
             on_retry: None,
@@ -125,6 +127,7 @@ pub struct RetryPolicyBuilder {
     retry_non_idempotent: bool,
     retry_with_idempotency_key: bool,
     max_transparent_retries: u32,
+    wait_for_ready: bool,
     per_attempt_timeout: Option<Duration>,
     hedge_on_per_attempt_timeout: bool,
     on_retry: Option<RetryHook>,
@@ -182,9 +185,32 @@ impl RetryPolicyBuilder {
         self
     }
 
-    /// How many times a never-sent attempt is retried when the call has no deadline.
+    /// With [`wait_for_ready`](Self::wait_for_ready): how many times an attempt that could
+    /// not be sent is resent when the call has no deadline.
     pub fn max_transparent_retries(mut self, max: u32) -> Self {
         self.max_transparent_retries = max;
+        self
+    }
+
+    /// gRPC's wait-for-ready (the service config's `"waitForReady": true`): an attempt that
+    /// could not be sent because no connection could be made (refused, no route, a failed
+    /// name lookup, a connect timeout) is resent transparently, with backoff, until the
+    /// call's deadline (or [`max_transparent_retries`](Self::max_transparent_retries) times
+    /// without one), counting toward neither `maxAttempts` nor the throttle.
+    ///
+    /// Off by default, as in gRPC: such an attempt is an `UNAVAILABLE` failure (a `503` for
+    /// HTTP) for this policy, counted, backed off and throttled like any other; having never
+    /// reached the server, it may be retried whatever the HTTP method.
+    ///
+    /// ```
+    /// use tower_retry_hedge::RetryPolicy;
+    ///
+    /// let policy = RetryPolicy::builder().wait_for_ready(true).build()?;
+    /// # let _ = policy;
+    /// # Ok::<(), tower_retry_hedge::policy::PolicyError>(())
+    /// ```
+    pub fn wait_for_ready(mut self, enabled: bool) -> Self {
+        self.wait_for_ready = enabled;
         self
     }
 
@@ -260,6 +286,7 @@ impl RetryPolicyBuilder {
             retry_non_idempotent: self.retry_non_idempotent,
             retry_with_idempotency_key: self.retry_with_idempotency_key,
             max_transparent_retries: self.max_transparent_retries,
+            wait_for_ready: self.wait_for_ready,
             per_attempt_timeout: self.per_attempt_timeout,
             hedge_on_per_attempt_timeout: self.hedge_on_per_attempt_timeout,
             on_retry: self.on_retry,

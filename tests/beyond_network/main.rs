@@ -388,10 +388,11 @@ async fn grpc_per_attempt_timeouts_on_every_attempt_end_the_call() {
         .expect_err("every attempt hangs");
     // No server status came back: DEADLINE_EXCEEDED from the layer, its own error as source.
     assert_eq!(status.code(), tonic::Code::DeadlineExceeded, "{status:?}");
+    // The layer's error is in the status's chain: the call's `Attempted`, then the last
+    // attempt's status, whose source is the layer's own `AttemptTimedOut`.
     assert!(
-        std::error::Error::source(&status)
-            .and_then(|source| source.downcast_ref::<AttemptTimedOut>())
-            .is_some(),
+        std::iter::successors(std::error::Error::source(&status), |e| e.source())
+            .any(|source| source.is::<AttemptTimedOut>()),
         "{status:?}"
     );
     // Every attempt reached the server and was cancelled there.

@@ -140,6 +140,8 @@ fn grpc_status(response: &Res) -> Option<&str> {
 }
 
 fn is_deadline_exceeded(error: &BoxError) -> bool {
+    // Every error of a driven call is an `Attempted` around the last error.
+    let error = tower_retry_hedge::error::last_error(error);
     if error
         .downcast_ref::<tower_retry_hedge::error::DeadlineExceeded>()
         .is_some()

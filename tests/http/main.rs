@@ -290,6 +290,7 @@ mod connection_refused {
 
     use tower::Service;
     use tower_retry_hedge::classify::{Outcome, transport_outcome};
+    use tower_retry_hedge::metadata::Attempts;
 
     use super::*;
 
@@ -319,7 +320,7 @@ mod connection_refused {
     }
 
     #[tokio::test]
-    async fn connection_refused_is_retried_transparently_then_returned() {
+    async fn connection_refused_is_retried_by_the_policy_then_returned() {
         // A port that was just free: nothing listens on it.
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
@@ -331,7 +332,6 @@ mod connection_refused {
             .max_attempts(2)
             .backoff(backoff())
             .retryable(HttpStatuses::default())
-            .max_transparent_retries(3)
             .build()
             .expect("valid policy");
         let policies = Policies::builder()
@@ -358,8 +358,9 @@ mod connection_refused {
             .expect("the client's own error, unchanged inside");
         assert!(connect.is_connect(), "{connect:?}");
         assert_eq!(transport_outcome(&*error), Some(Outcome::NotSent));
-        // The first attempt and three transparent retries; maxAttempts (2) does not bound them.
-        assert_eq!(calls.load(Ordering::SeqCst), 4);
+        // An UNAVAILABLE (503) failure for the policy: two counted attempts, maxAttempts 2.
+        assert_eq!(Attempts::of_error(&*error), Attempts::new(2, 0));
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
         assert_buffers_free(&policies);
     }
 }

@@ -20,6 +20,7 @@ use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMete
 use tower::{Layer, ServiceBuilder, ServiceExt};
 use tower_retry_hedge::backoff::{Exponential, Jitter};
 use tower_retry_hedge::classify::{Code, GrpcCodes, HttpStatuses};
+use tower_retry_hedge::policy::RetryPolicyBuilder;
 use tower_retry_hedge::policy::Route;
 use tower_retry_hedge::telemetry::{
     HEDGES, RETRIES, RETRY_BUCKETS, RETRY_DELAY, RETRY_DELAY_BUCKETS, RetryMetrics,
@@ -132,12 +133,16 @@ fn backoff() -> Exponential {
 }
 
 fn retry_policy() -> RetryPolicy {
-    RetryPolicy::builder()
+    retry_policy_with(|builder| builder)
+}
+
+/// The retry policy of these tests, customised.
+fn retry_policy_with(build: impl FnOnce(RetryPolicyBuilder) -> RetryPolicyBuilder) -> RetryPolicy {
+    let builder = RetryPolicy::builder()
         .max_attempts(5)
         .backoff(backoff())
-        .retryable(GrpcCodes::from([Code::Unavailable]))
-        .build()
-        .unwrap()
+        .retryable(GrpcCodes::from([Code::Unavailable]));
+    build(builder).build().unwrap()
 }
 
 /// A gRPC request for `pkg.Service/Method` on `greeter.test:50051`.
@@ -222,7 +227,11 @@ async fn a_call_with_two_retries_records_retries_2_under_its_method_and_authorit
 #[tokio::test(start_paused = true)]
 async fn three_never_sent_attempts_then_a_success_record_3_transparent_retries_and_no_retry() {
     let recorded = Recorded::new();
-    let policies = recorded.retry_policies();
+    // With gRPC's wait-for-ready, attempts that could not connect are transparent retries.
+    let policies = Policies::builder()
+        .method(METHOD, retry_policy_with(|b| b.wait_for_ready(true)))
+        .metrics(&recorded.meter())
+        .build();
     let (call, mut handle) = start(&policies, grpc_request());
     for _ in 0..3 {
         let (_, send) = handle.next_request().await.expect("an attempt");

@@ -475,9 +475,9 @@ async fn cancel_in_flight_drops_the_attempt() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn never_sent_attempts_are_retried_transparently() {
+async fn with_wait_for_ready_never_sent_attempts_are_resent_transparently() {
     // maxAttempts 2, yet four attempts: two never left the client.
-    let (call, mut handle) = start(policies(policy(2)), grpc_request("x"));
+    let (call, mut handle) = start(policies(waiting_policy(2)), grpc_request("x"));
     for _ in 0..2 {
         let (_, send) = handle.next_request().await.unwrap();
         send.send_error(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
@@ -496,6 +496,7 @@ async fn never_sent_retries_are_bounded_without_a_deadline() {
     let policy = RetryPolicy::builder()
         .max_attempts(2)
         .backoff(backoff(1, 10))
+        .wait_for_ready(true)
         .max_transparent_retries(3)
         .build()
         .unwrap();
@@ -506,8 +507,14 @@ async fn never_sent_retries_are_bounded_without_a_deadline() {
     }
     let error = call.await.unwrap().unwrap_err();
     assert_eq!(Attempts::of_error(&*error), Attempts::new(4, 3));
-    let io = last_error(&error)
-        .downcast_ref::<std::io::Error>()
+    // A gRPC call that could not connect fails with UNAVAILABLE, the inner error as its
+    // source, unchanged.
+    let status = last_error(&error)
+        .downcast_ref::<tonic::Status>()
+        .expect("a gRPC status");
+    assert_eq!(status.code(), tonic::Code::Unavailable);
+    let io = std::error::Error::source(status)
+        .and_then(|source| source.downcast_ref::<std::io::Error>())
         .expect("the inner error, unchanged inside");
     assert_eq!(io.kind(), std::io::ErrorKind::ConnectionRefused);
     assert_no_more_attempts(&mut handle).await;
@@ -517,7 +524,7 @@ async fn never_sent_retries_are_bounded_without_a_deadline() {
 async fn transparent_retries_do_not_touch_the_throttle() {
     let throttle = Throttle::new(10, 0.1).unwrap();
     let policies = Policies::builder()
-        .method(METHOD, policy(2))
+        .method(METHOD, waiting_policy(2))
         .throttle(throttle.clone())
         .build();
     let (call, mut handle) = start(policies, grpc_request("x"));
@@ -632,8 +639,48 @@ async fn http_post_that_was_never_sent_is_retried() {
     let (call, mut handle) = start(http_policies(false), request);
     let (_, send) = handle.next_request().await.unwrap();
     send.send_error(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+    // A 503 for the policy, counted; never having reached the server, a POST may repeat.
     answer(&mut handle, http_response(200, None)).await;
-    assert_eq!(attempts(&call.await.unwrap().unwrap()), Attempts::new(2, 1));
+    assert_eq!(attempts(&call.await.unwrap().unwrap()), Attempts::new(2, 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_never_sent_attempt_is_an_unavailable_failure_for_the_policy() {
+    // gRPC's default (no wait-for-ready): counted, backed off, within maxAttempts.
+    let (call, mut handle) = start(policies(policy(3)), grpc_request("x"));
+    let start_at = Instant::now();
+    let mut sent_at = Vec::new();
+    for _ in 0..3 {
+        let (request, send) = handle.next_request().await.unwrap();
+        sent_at.push((
+            Instant::now() - start_at,
+            previous_attempts(&request).map(str::to_owned),
+        ));
+        send.send_error(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+    }
+    let error = call.await.unwrap().unwrap_err();
+    assert_eq!(Attempts::of_error(&*error), Attempts::new(3, 0));
+    assert!(last_error(&error).is::<tonic::Status>() || last_error(&error).is::<std::io::Error>());
+    assert_eq!(
+        sent_at,
+        [
+            (Duration::ZERO, None),
+            (Duration::from_millis(100), Some("1".to_owned())),
+            (Duration::from_millis(300), Some("2".to_owned())),
+        ]
+    );
+    assert_no_more_attempts(&mut handle).await;
+    // Without a policy, the call fails at once.
+    let other = Request::post("/test.Echo/Other")
+        .header("content-type", "application/grpc")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let (call, mut handle) = start(policies(policy(3)), other);
+    let (_, send) = handle.next_request().await.unwrap();
+    send.send_error(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+    let error = call.await.unwrap().unwrap_err();
+    assert_eq!(Attempts::of_error(&*error), Attempts::new(1, 0));
+    assert_no_more_attempts(&mut handle).await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -794,6 +841,7 @@ fn response_futures_are_unpin_when_the_inner_future_is() {
     assert_unpin(&hedge.call(grpc_request("x")));
 }
 
+#[cfg(feature = "h2")]
 #[tokio::test(start_paused = true)]
 async fn calls_without_a_policy_pass_through_when_transparent_retries_are_off() {
     let other = || {
@@ -809,16 +857,17 @@ async fn calls_without_a_policy_pass_through_when_transparent_retries_are_off() 
             .build();
         let (call, mut handle) = start(policies, other());
         let (_, send) = handle.next_request().await.unwrap();
-        send.send_error(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        send.send_error(h2::Error::from(h2::Reason::REFUSED_STREAM));
         if transparent {
-            // A6's default: the attempt that never left is sent again.
+            // A6's default: a stream refused before the server's application saw it is sent
+            // again, once.
             answer(&mut handle, grpc_ok()).await;
             let response = call.await.unwrap().unwrap();
             assert_eq!(attempts(&response), Attempts::new(2, 1));
         } else {
             // Off: the call is the service's own, error and all.
             let error = call.await.unwrap().unwrap_err();
-            assert!(error.downcast_ref::<std::io::Error>().is_some(), "{error}");
+            assert!(error.downcast_ref::<h2::Error>().is_some(), "{error}");
         }
         assert_no_more_attempts(&mut handle).await;
     }

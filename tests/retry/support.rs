@@ -40,6 +40,19 @@ pub(crate) fn policy(max_attempts: u32) -> RetryPolicy {
         .unwrap()
 }
 
+/// [`policy`] with gRPC's wait-for-ready: attempts that could not connect are resent
+/// transparently, not counted.
+#[allow(dead_code)] // Not every target that includes this file waits for ready.
+pub(crate) fn waiting_policy(max_attempts: u32) -> RetryPolicy {
+    RetryPolicy::builder()
+        .max_attempts(max_attempts)
+        .backoff(backoff(100, 1000))
+        .retryable(GrpcCodes::from([Code::Unavailable]))
+        .wait_for_ready(true)
+        .build()
+        .unwrap()
+}
+
 pub(crate) fn policies(policy: RetryPolicy) -> Policies {
     Policies::builder().method(METHOD, policy).build()
 }

@@ -228,7 +228,7 @@ fn a_span_per_call_and_an_event_per_retry() {
 #[test]
 fn each_attempt_has_a_span_with_a6_attributes_and_its_outcome() {
     let seen = run(|| async {
-        let (call, mut handle) = start(policies(policy(3)), grpc_request("x"));
+        let (call, mut handle) = start(policies(waiting_policy(3)), grpc_request("x"));
         let (_, send) = handle.next_request().await.expect("the first attempt");
         send.send_error(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
         answer(&mut handle, trailers_only(Code::Unavailable, None)).await;
@@ -370,7 +370,7 @@ async fn every_row() {
     call.await.unwrap().unwrap();
 
     // `transparent retry`; then `not retrying` (max attempts), `committed` (fatal).
-    let (call, mut handle) = start(policies(policy(2)), grpc_request("x"));
+    let (call, mut handle) = start(policies(waiting_policy(2)), grpc_request("x"));
     let (_, send) = handle.next_request().await.expect("an attempt");
     send.send_error(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
     answer(&mut handle, trailers_only(Code::Unavailable, None)).await;
