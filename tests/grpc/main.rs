@@ -11,6 +11,7 @@ mod commit;
 mod common;
 #[cfg(feature = "retry-info")]
 mod retry_info;
+mod wait_for_ready;
 
 use std::future::Future;
 use std::time::Duration;
