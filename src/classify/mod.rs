@@ -10,7 +10,7 @@
 //! | [`Outcome::Success`] | return it | return it, cancel the others | credit |
 //! | [`Outcome::Retryable`] | retry per policy | send the next hedge now | debit |
 //! | [`Outcome::Fatal`] | return it | return it, cancel the others | — |
-//! | [`Outcome::NotSent`] | retry until the deadline | retry until the deadline | — |
+//! | [`Outcome::NotSent`] | an `UNAVAILABLE` failure for the policy; with wait-for-ready, resent until the deadline | the same | debit (none when resent) |
 //! | [`Outcome::Refused`] | retry once, at once | retry once, at once | — |
 //!
 //! Built-in classifiers:
@@ -25,8 +25,11 @@
 //!
 //! Errors are first checked by [`transport_outcome`]: an error that proves the request never
 //! left the client is [`Outcome::NotSent`], an HTTP/2 `REFUSED_STREAM` or a `GOAWAY` that did
-//! not process the stream is [`Outcome::Refused`]. Both are retried transparently, even for a
-//! method whose policy would not retry, since the server's application never saw them.
+//! not process the stream is [`Outcome::Refused`]. A refused stream is resent once at once,
+//! even for a method whose policy would not retry, since the server's application never saw
+//! it. A request that never left is, as gRPC has it, an `UNAVAILABLE` failure for the
+//! method's policy (retried whatever the HTTP method), or, with wait-for-ready, resent until
+//! the deadline.
 //!
 //! # Examples
 //!

@@ -39,10 +39,19 @@
 //! credits the throttle when it succeeds; a method whose policy is only a timeout gets that
 //! deadline too.
 //!
-//! Transparent retries: an attempt that never left the client is retried with backoff until
+//! An attempt that could not be sent because no connection could be made is, as in gRPC, an
+//! `UNAVAILABLE` (HTTP: 503) failure for the policy: counted, backed off and throttled like
+//! any other, and retried whatever the HTTP method, since it never reached the server; a
+//! call without a policy fails at once. With gRPC's wait-for-ready
+//! ([`wait_for_ready`](crate::policy::RetryPolicyBuilder::wait_for_ready), or
+//! `"waitForReady": true` in service config) it is resent transparently, with backoff, until
 //! the deadline (or [`max_transparent_retries`](crate::policy::RetryPolicyBuilder::max_transparent_retries)
-//! times without one); one refused before the server's application saw it is retried once at
-//! once. Neither counts toward `maxAttempts` or the throttle.
+//! times without one). A stream refused before the server's application saw it is resent
+//! once at once, then judged by the policy. Transparent resends count toward neither
+//! `maxAttempts` nor the throttle.
+//!
+//! Every error a call returns is one [`Attempted`](crate::error::Attempted) around the last
+//! attempt's error, whatever the number of attempts.
 //!
 //! Non-idempotent HTTP requests (`POST`, `PATCH`, …) are not retried after a response or an
 //! ambiguous error unless the policy opts in; gRPC requests are not gated.
