@@ -23,6 +23,7 @@ use tokio::time::Instant;
 use tokio_stream::StreamExt as _;
 use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
 use tonic::metadata::{AsciiMetadataValue, MetadataMap};
+use tonic::transport::server::Router;
 use tonic::transport::{Channel, Endpoint, Server};
 use tonic::{Code, Request, Response, Status, Streaming};
 
@@ -286,40 +287,6 @@ impl FaultEcho {
         EchoServer::new(self)
     }
 
-    fn begin(
-        &self,
-        call: u32,
-        method: Method,
-        metadata: &MetadataMap,
-        message: String,
-        payload: Bytes,
-        messages: usize,
-    ) -> AttemptGuard<AttemptRecord> {
-        let header = |name: &str| {
-            metadata
-                .get(name)
-                .map(|v| String::from_utf8_lossy(v.as_encoded_bytes()).into_owned())
-        };
-        let previous_attempts = header("grpc-previous-rpc-attempts");
-        let grpc_timeout = header("grpc-timeout");
-        let arrived = Instant::now();
-        self.recorder.begin(&call, |attempt| AttemptRecord {
-            call,
-            attempt,
-            method,
-            previous_attempts,
-            grpc_timeout,
-            metadata: metadata.clone(),
-            message,
-            payload,
-            messages,
-            arrived,
-            ended: None,
-            cancelled: false,
-            outcome: None,
-        })
-    }
-
     /// Runs the delays of `action` and resolves what is left to answer with.
     /// `None`: the hang was released by shutdown.
     async fn resolve(&self, mut action: Action) -> Option<Action> {
@@ -339,6 +306,42 @@ impl FaultEcho {
             }
         }
     }
+}
+
+/// Records a new attempt of `call` that has just reached a handler, with what `metadata`
+/// says of it; the guard marks it cancelled if the handler is dropped before it finishes.
+fn begin_attempt(
+    recorder: &Recorder,
+    call: u32,
+    method: Method,
+    metadata: &MetadataMap,
+    message: String,
+    payload: Bytes,
+    messages: usize,
+) -> AttemptGuard<AttemptRecord> {
+    let header = |name: &str| {
+        metadata
+            .get(name)
+            .map(|v| String::from_utf8_lossy(v.as_encoded_bytes()).into_owned())
+    };
+    let previous_attempts = header("grpc-previous-rpc-attempts");
+    let grpc_timeout = header("grpc-timeout");
+    let arrived = Instant::now();
+    recorder.begin(&call, |attempt| AttemptRecord {
+        call,
+        attempt,
+        method,
+        previous_attempts,
+        grpc_timeout,
+        metadata: metadata.clone(),
+        message,
+        payload,
+        messages,
+        arrived,
+        ended: None,
+        cancelled: false,
+        outcome: None,
+    })
 }
 
 /// The status for a scripted failure; an unsendable pushback value becomes
@@ -463,7 +466,8 @@ impl Echo for FaultEcho {
     async fn unary(&self, request: Request<EchoRequest>) -> Result<Response<EchoReply>, Status> {
         let metadata = request.metadata().clone();
         let req = request.into_inner();
-        let guard = self.begin(
+        let guard = begin_attempt(
+            &self.recorder,
             req.call,
             Method::Unary,
             &metadata,
@@ -489,7 +493,8 @@ impl Echo for FaultEcho {
         let metadata = request.metadata().clone();
         let call = call_of(&metadata)?;
         let mut stream = request.into_inner();
-        let guard = self.begin(
+        let guard = begin_attempt(
+            &self.recorder,
             call,
             Method::ClientStream,
             &metadata,
@@ -529,7 +534,8 @@ impl Echo for FaultEcho {
     ) -> Result<Response<ReplyStream>, Status> {
         let metadata = request.metadata().clone();
         let req = request.into_inner();
-        let guard = self.begin(
+        let guard = begin_attempt(
+            &self.recorder,
             req.call,
             Method::ServerStream,
             &metadata,
@@ -590,10 +596,50 @@ impl BidiEcho for FaultEcho {
         &self,
         request: Request<Streaming<Chunk>>,
     ) -> Result<Response<ChunkStream>, Status> {
+        let attempt = BidiAttempt::begin(&self.recorder, request).await?;
+        let end = match self
+            .resolve(self.script.action(attempt.call, attempt.guard.attempt()))
+            .await
+        {
+            Some(Action::Ok) => None,
+            Some(Action::FailAfterHeaders(code)) => Some(code),
+            // The other actions answer at once, Trailers-Only.
+            other => {
+                return answer(attempt.guard, other, || {
+                    ReceiverStream::new(mpsc::channel(1).1)
+                });
+            }
+        };
+        Ok(Response::new(attempt.echo(end)))
+    }
+}
+
+/// A `Bidi` attempt in its handler, its first chunk in: what the scripted peer does with
+/// every `Bidi` attempt before its script decides the answer, for a test's own handler that
+/// records its attempts as the scripted peer does.
+pub(crate) struct BidiAttempt {
+    /// The call ([`CALL_METADATA`]).
+    pub(crate) call: u32,
+    /// The request metadata.
+    pub(crate) metadata: MetadataMap,
+    /// The attempt's record.
+    pub(crate) guard: AttemptGuard<AttemptRecord>,
+    first: Option<Chunk>,
+    stream: Streaming<Chunk>,
+    received: BytesMut,
+}
+
+impl BidiAttempt {
+    /// Records the attempt in `recorder` and waits for its first chunk.
+    pub(crate) async fn begin(
+        recorder: &Recorder,
+        request: Request<Streaming<Chunk>>,
+    ) -> Result<BidiAttempt, Status> {
         let metadata = request.metadata().clone();
         let call = call_of(&metadata)?;
         let mut stream = request.into_inner();
-        let guard = self.begin(
+        let guard = begin_attempt(
+            recorder,
             call,
             Method::Bidi,
             &metadata,
@@ -607,15 +653,29 @@ impl BidiEcho for FaultEcho {
         if let Some(chunk) = &first {
             record_chunk(&guard, &mut received, chunk);
         }
-        let end = match self
-            .resolve(self.script.action(call, guard.attempt()))
-            .await
-        {
-            Some(Action::Ok) => None,
-            Some(Action::FailAfterHeaders(code)) => Some(code),
-            // The other actions answer at once, Trailers-Only.
-            other => return answer(guard, other, || ReceiverStream::new(mpsc::channel(1).1)),
-        };
+        Ok(BidiAttempt {
+            call,
+            metadata,
+            guard,
+            first,
+            stream,
+            received,
+        })
+    }
+
+    /// The rest of the attempt, on a task of its own: echoes the first chunk and then every
+    /// chunk as it arrives, recording each; when the request stream ends, finishes the
+    /// attempt OK, or, with `end`, sends that code after the echoes
+    /// ([`Action::FailAfterHeaders`]). The attempt counts as cancelled if the client drops
+    /// the response or the request stream breaks off.
+    pub(crate) fn echo(self, end: Option<Code>) -> ChunkStream {
+        let BidiAttempt {
+            guard,
+            first,
+            mut stream,
+            mut received,
+            ..
+        } = self;
         let (echoes, replies) = mpsc::channel(16);
         tokio::spawn(async move {
             let mut next = first;
@@ -642,46 +702,57 @@ impl BidiEcho for FaultEcho {
                 }
             }
         });
-        Ok(Response::new(ReceiverStream::new(replies)))
+        ReceiverStream::new(replies)
     }
 }
 
-/// A running gRPC peer. Stop it with [`GrpcPeer::shutdown`]; dropping it
-/// only signals the shutdown.
+/// A tonic server on `127.0.0.1:0` whose connections have `TCP_NODELAY`. Stop it with
+/// [`ServerTask::shutdown`]; dropping it only signals the shutdown.
 #[derive(Debug)]
-pub struct GrpcPeer {
+pub struct ServerTask {
     addr: SocketAddr,
-    service: FaultEcho,
     shutdown: Option<oneshot::Sender<()>>,
     server: Option<JoinHandle<Result<(), tonic::transport::Error>>>,
 }
 
-impl GrpcPeer {
-    /// The address the peer listens on (`127.0.0.1:port`).
+impl ServerTask {
+    /// Serves `router` (`Server::builder()`, configured, with its services added).
+    pub async fn spawn(router: Router) -> ServerTask {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind 127.0.0.1:0");
+        let addr = listener.local_addr().expect("listener address");
+        // tonic ignores its own nodelay setting for a custom incoming stream.
+        let incoming = TcpListenerStream::new(listener).map(|conn| {
+            conn.and_then(|stream| {
+                stream.set_nodelay(true)?;
+                Ok(stream)
+            })
+        });
+        let (shutdown, signal) = oneshot::channel::<()>();
+        let server = tokio::spawn(router.serve_with_incoming_shutdown(incoming, async {
+            // A dropped sender also means shut down.
+            let _ = signal.await;
+        }));
+        ServerTask {
+            addr,
+            shutdown: Some(shutdown),
+            server: Some(server),
+        }
+    }
+
+    /// The address the server listens on (`127.0.0.1:port`).
     pub fn addr(&self) -> SocketAddr {
         self.addr
     }
 
-    /// `http://127.0.0.1:port`.
-    pub fn uri(&self) -> String {
-        format!("http://{}", self.addr)
-    }
-
-    /// What the peer saw.
-    pub fn recorder(&self) -> Recorder {
-        self.service.recorder()
-    }
-
-    /// A new channel to the peer.
-    pub async fn channel(&self) -> Channel {
-        grpc_channel(self.addr).await
-    }
-
-    /// Ends hanging attempts, stops accepting, waits for open connections to
-    /// close gracefully and for the server task to end. Panics if the server
-    /// failed, so a broken peer fails the test.
+    /// Stops accepting, waits for open connections to close gracefully and for the server
+    /// task to end. Panics if the server failed, so a broken peer fails the test.
     pub async fn shutdown(mut self) {
-        self.service.release_hangs();
+        self.stop().await;
+    }
+
+    async fn stop(&mut self) {
         if let Some(signal) = self.shutdown.take() {
             let _ = signal.send(());
         }
@@ -695,45 +766,83 @@ impl GrpcPeer {
     }
 }
 
-impl Drop for GrpcPeer {
+impl Drop for ServerTask {
     fn drop(&mut self) {
-        self.service.release_hangs();
         if let Some(signal) = self.shutdown.take() {
             let _ = signal.send(());
         }
     }
 }
 
+/// A running gRPC peer. Stop it with [`GrpcPeer::shutdown`]; dropping it
+/// only signals the shutdown.
+#[derive(Debug)]
+pub struct GrpcPeer {
+    service: FaultEcho,
+    server: ServerTask,
+}
+
+impl GrpcPeer {
+    /// The address the peer listens on (`127.0.0.1:port`).
+    pub fn addr(&self) -> SocketAddr {
+        self.server.addr()
+    }
+
+    /// `http://127.0.0.1:port`.
+    pub fn uri(&self) -> String {
+        format!("http://{}", self.addr())
+    }
+
+    /// What the peer saw.
+    pub fn recorder(&self) -> Recorder {
+        self.service.recorder()
+    }
+
+    /// A new channel to the peer.
+    pub async fn channel(&self) -> Channel {
+        grpc_channel(self.addr()).await
+    }
+
+    /// Ends hanging attempts, then shuts the server down as [`ServerTask::shutdown`] does.
+    pub async fn shutdown(mut self) {
+        self.service.release_hangs();
+        self.server.stop().await;
+    }
+}
+
+impl Drop for GrpcPeer {
+    fn drop(&mut self) {
+        // The server is signalled next, when it is dropped.
+        self.service.release_hangs();
+    }
+}
+
 /// Serves [`FaultEcho`] following `script` on `127.0.0.1:0`.
 pub async fn spawn_grpc(script: Script) -> GrpcPeer {
-    let listener = TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind 127.0.0.1:0");
-    let addr = listener.local_addr().expect("listener address");
-    // tonic ignores its own nodelay setting for a custom incoming stream.
-    let incoming = TcpListenerStream::new(listener).map(|conn| {
-        conn.and_then(|stream| {
-            stream.set_nodelay(true)?;
-            Ok(stream)
-        })
-    });
+    spawn_grpc_on(Server::builder(), script).await
+}
+
+/// [`spawn_grpc`] on a server the caller has configured (HTTP/2 limits, timeouts).
+pub async fn spawn_grpc_on(mut server: Server, script: Script) -> GrpcPeer {
     let service = FaultEcho::new(script);
-    let (shutdown, signal) = oneshot::channel::<()>();
-    let server = tokio::spawn(
-        Server::builder()
-            .add_service(service.clone().into_server())
-            .add_service(BidiEchoServer::new(service.clone()))
-            .serve_with_incoming_shutdown(incoming, async {
-                // A dropped sender also means shut down.
-                let _ = signal.await;
-            }),
-    );
+    let router = server
+        .add_service(service.clone().into_server())
+        .add_service(BidiEchoServer::new(service.clone()));
     GrpcPeer {
-        addr,
+        server: ServerTask::spawn(router).await,
         service,
-        shutdown: Some(shutdown),
-        server: Some(server),
     }
+}
+
+/// A `ClientStream` or `Bidi` request of call `call` (its [`CALL_METADATA`]) whose stream is
+/// fed, chunk by chunk, through the returned sender.
+pub fn fed_request(call: u32) -> (mpsc::Sender<Chunk>, Request<ReceiverStream<Chunk>>) {
+    let (sender, receiver) = mpsc::channel(4);
+    let mut request = Request::new(ReceiverStream::new(receiver));
+    request
+        .metadata_mut()
+        .insert(CALL_METADATA, AsciiMetadataValue::from(call));
+    (sender, request)
 }
 
 /// A connected channel to `http://{addr}`. Panics if it cannot connect.

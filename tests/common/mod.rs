@@ -36,9 +36,11 @@ pub mod pb {
     include!("pb/test.echo.rs");
 }
 
+pub(crate) use grpc::BidiAttempt;
 pub use grpc::{
     Action, AttemptRecord, CALL_METADATA, ChunkStream, FaultEcho, GrpcPeer, Method, Outcome,
-    PUSHBACK_METADATA, ReplyStream, SERVER_STREAM_REPLIES, Script, grpc_channel, spawn_grpc,
+    PUSHBACK_METADATA, ReplyStream, SERVER_STREAM_REPLIES, Script, ServerTask, fed_request,
+    grpc_channel, spawn_grpc, spawn_grpc_on,
 };
 pub use http::{
     CALL_HEADER, HttpAction, HttpAttemptRecord, HttpOutcome, HttpPeer, HttpScript,

@@ -25,9 +25,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::Code;
-use tonic::metadata::AsciiMetadataValue;
 use tonic::transport::Channel;
 use tower::ServiceBuilder;
 use tower_retry_hedge::classify::{self, GrpcCodes};
@@ -37,7 +35,7 @@ use super::attempt_peer::AttemptPeer;
 use super::common::pb::Chunk;
 use super::common::pb::bidi_echo_client::BidiEchoClient;
 use super::common::{
-    Action, AttemptRecord, CALL_METADATA, Recorder, Script, grpc_channel, spawn_grpc,
+    Action, AttemptRecord, Recorder, Script, fed_request, grpc_channel, spawn_grpc,
 };
 use super::{NO_RESULT, guard, late};
 
@@ -52,16 +50,6 @@ const PER_CALL: usize = 256;
 const HANG: Duration = Duration::from_secs(10);
 /// How late the caller comes back to its call after each wake (see [`late`]).
 const PAUSE: Duration = Duration::from_millis(2);
-
-/// A request whose stream is fed, chunk by chunk, through the returned sender.
-fn fed_request(call: u32) -> (mpsc::Sender<Chunk>, tonic::Request<ReceiverStream<Chunk>>) {
-    let (sender, receiver) = mpsc::channel(4);
-    let mut request = tonic::Request::new(ReceiverStream::new(receiver));
-    request
-        .metadata_mut()
-        .insert(CALL_METADATA, AsciiMetadataValue::from(call));
-    (sender, request)
-}
 
 /// `len` deterministic, varied bytes.
 fn bytes(len: usize, seed: u32) -> Vec<u8> {

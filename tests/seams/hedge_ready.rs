@@ -8,19 +8,15 @@
 
 use std::fmt;
 use std::future::Future;
-use std::net::SocketAddr;
 use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tokio::net::TcpListener;
-use tokio::sync::{Semaphore, oneshot};
-use tokio::task::{JoinHandle, JoinSet};
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
 use tokio::time::Instant;
-use tokio_stream::StreamExt as _;
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic::Code;
 use tonic::transport::{Channel, Server};
 use tower::{Service, ServiceBuilder};
@@ -29,7 +25,7 @@ use tower_retry_hedge::{BoxError, HedgeLayer, HedgePolicy, Policies};
 
 use super::common::pb::EchoRequest;
 use super::common::pb::echo_client::EchoClient;
-use super::common::{Action, FaultEcho, Script, grpc_channel};
+use super::common::{Action, Script, grpc_channel, spawn_grpc_on};
 use super::{chain_text, guard};
 
 /// How many hedged calls the test makes, and how many are in flight at once.
@@ -95,66 +91,6 @@ impl Service<GrpcRequest> for FlakyReady {
     }
 }
 
-/// The scripted `Echo` peer of `tests/common` on a server of this file's own, which lets
-/// clients reset as many streams as they like: the hedges cancelled here reset streams by the
-/// thousand, and a loaded machine can make that look like a flood of resets to h2's guard
-/// against them (GOAWAY, ENHANCE_YOUR_CALM), failing calls this test is not about.
-struct LenientPeer {
-    addr: SocketAddr,
-    shutdown: Option<oneshot::Sender<()>>,
-    server: JoinHandle<Result<(), tonic::transport::Error>>,
-}
-
-impl LenientPeer {
-    async fn spawn(script: Script) -> LenientPeer {
-        let listener = TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind 127.0.0.1:0");
-        let addr = listener.local_addr().expect("listener address");
-        // tonic ignores its own nodelay setting for a custom incoming stream.
-        let incoming = TcpListenerStream::new(listener).map(|conn| {
-            conn.and_then(|stream| {
-                stream.set_nodelay(true)?;
-                Ok(stream)
-            })
-        });
-        let (shutdown, signal) = oneshot::channel::<()>();
-        let server = tokio::spawn(
-            Server::builder()
-                .http2_max_pending_accept_reset_streams(Some(1_000_000))
-                .http2_max_local_error_reset_streams(Some(1_000_000))
-                .add_service(FaultEcho::new(script).into_server())
-                .serve_with_incoming_shutdown(incoming, async {
-                    let _ = signal.await;
-                }),
-        );
-        LenientPeer {
-            addr,
-            shutdown: Some(shutdown),
-            server,
-        }
-    }
-
-    async fn shutdown(mut self) {
-        if let Some(signal) = self.shutdown.take() {
-            let _ = signal.send(());
-        }
-        match (&mut self.server).await {
-            Ok(Ok(())) => {}
-            Ok(Err(error)) => panic!("grpc peer failed: {error}"),
-            Err(error) => panic!("grpc peer task failed: {error}"),
-        }
-    }
-}
-
-impl Drop for LenientPeer {
-    fn drop(&mut self) {
-        if let Some(signal) = self.shutdown.take() {
-            let _ = signal.send(());
-        }
-    }
-}
-
 /// What a call ended with.
 #[derive(Debug)]
 enum Ended {
@@ -165,11 +101,15 @@ enum Ended {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hedges_failing_to_get_ready_leave_the_first_attempts_answer_and_the_deadline() {
-    let peer = LenientPeer::spawn(Script::always(Action::delay(
-        Duration::from_millis(20),
-        Action::Ok,
-    )))
-    .await;
+    // The scripted peer on a server that lets clients reset as many streams as they like:
+    // the hedges cancelled here reset streams by the thousand, and a loaded machine can make
+    // that look like a flood of resets to h2's guard against them (GOAWAY,
+    // ENHANCE_YOUR_CALM), failing calls this test is not about.
+    let server = Server::builder()
+        .http2_max_pending_accept_reset_streams(Some(1_000_000))
+        .http2_max_local_error_reset_streams(Some(1_000_000));
+    let script = Script::always(Action::delay(Duration::from_millis(20), Action::Ok));
+    let peer = spawn_grpc_on(server, script).await;
     let policy = HedgePolicy::builder()
         .max_attempts(3)
         .delay(Duration::from_millis(2))
@@ -180,7 +120,7 @@ async fn hedges_failing_to_get_ready_leave_the_first_attempts_answer_and_the_dea
         .service("test.echo.Echo", policy)
         .build();
     let layer = HedgeLayer::new(policies);
-    let channel = grpc_channel(peer.addr).await;
+    let channel = grpc_channel(peer.addr()).await;
     let polls = Arc::new(AtomicUsize::new(0));
     let failures = Arc::new(AtomicUsize::new(0));
     let permits = Arc::new(Semaphore::new(IN_FLIGHT));
