@@ -10,10 +10,18 @@
 //!   2 attempts (one hedge, like tower's), and with an `AdaptiveDelay` following the p95 of
 //!   the last 10 s (10 ms until it has 100 samples).
 //!
+//! - tower-resilience 0.13's hedge, 3 attempts, a fixed 2 ms delay;
+//! - this crate with a 2 ms delay, 3 attempts and a `HedgeBudget` of 5 % of the calls.
+//!
 //! For each it prints p50, p99, p99.9 and the maximum latency, the calls that took 100 ms or
 //! more (in all, and after the first 1000), the extra requests the downstream received, and
 //! whether the goals hold: p99.9 <= 5 ms, no call >= 100 ms after the first 1000, extra
 //! requests <= 2 %.
+//!
+//! A second table runs the same strategies through a phase in which every call is slow
+//! (100 ms, a backend turned slow for everyone: overload, a pause, a slow disk), 2 000 calls
+//! in the middle of the run, and prints the extra requests each sent during that phase: a
+//! fixed delay hedges every slow call, a budget keeps the extra load to its share.
 //!
 //! tokio's timers fire on whole milliseconds of the clock, so on a clock that runs at model
 //! time a 1 ms ± 20 % sleep ends at 1 ms or 2 ms. By default the simulation runs the clock 10
@@ -31,7 +39,7 @@ mod common;
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -42,6 +50,7 @@ use tokio::time::Instant;
 use tower::util::BoxService;
 use tower::{BoxError, Service, ServiceExt};
 use tower_retry_hedge::latency::AdaptiveDelay;
+use tower_retry_hedge::throttle::HedgeBudget;
 use tower_retry_hedge::{HedgeLayer, HedgePolicy, Policies};
 
 use common::{Cli, Req, Res, SERVICE, grpc_request, paused_runtime, print_table, quantile};
@@ -52,6 +61,10 @@ const FAST_JITTER: f64 = 0.2;
 const SLOW_MS: f64 = 100.0;
 /// Calls that may still be slow while a strategy learns the latency.
 const WARM_UP: usize = 1000;
+/// Calls of the phase in which every call is slow.
+const SLOW_PHASE: usize = 2000;
+/// The share of calls a budgeted policy may hedge.
+const BUDGET_RATIO: f64 = 0.05;
 
 /// Converts between model time and the paused clock, which runs `scale` times faster.
 #[derive(Debug, Clone, Copy)]
@@ -74,6 +87,8 @@ struct Downstream {
     rng: Arc<Mutex<SmallRng>>,
     requests: Arc<AtomicU64>,
     scale: Scale,
+    /// Every call is slow while this is set.
+    all_slow: Arc<AtomicBool>,
 }
 
 impl Downstream {
@@ -82,12 +97,14 @@ impl Downstream {
             rng: Arc::new(Mutex::new(SmallRng::seed_from_u64(seed))),
             requests: Arc::new(AtomicU64::new(0)),
             scale,
+            all_slow: Arc::new(AtomicBool::new(false)),
         }
     }
 
     fn latency(&self) -> Duration {
         let mut rng = self.rng.lock().unwrap_or_else(|e| e.into_inner());
-        let model_ms = if rng.random::<f64>() < SLOW_SHARE {
+        let model_ms = if rng.random::<f64>() < SLOW_SHARE || self.all_slow.load(Ordering::Relaxed)
+        {
             SLOW_MS
         } else {
             FAST_MS * rng.random_range(1.0 - FAST_JITTER..=1.0 + FAST_JITTER)
@@ -115,6 +132,13 @@ impl Service<Req> for Downstream {
     }
 }
 
+/// The budgeted policy's window: 10 s of model time, at most the 60 s of the clock a budget
+/// allows (6 s of model time at the default scale). No floor: the bound is exactly the share
+/// of the calls in the window.
+fn budget_window(scale: Scale) -> Duration {
+    scale.clock(10_000.0).min(Duration::from_secs(60))
+}
+
 /// A strategy wrapped around the downstream, type-erased.
 type Client = BoxService<Req, Res, BoxError>;
 
@@ -136,7 +160,9 @@ impl tower::hedge::Policy<Req> for HedgeAll {
 enum Strategy {
     Bare,
     TowerHedge,
+    ResilienceHedge,
     Fixed { delay_ms: f64, max_attempts: u32 },
+    Budgeted,
     Adaptive,
 }
 
@@ -145,6 +171,8 @@ impl Strategy {
         match self {
             Strategy::Bare => "bare".into(),
             Strategy::TowerHedge => "tower::hedge p95".into(),
+            Strategy::ResilienceHedge => "tower-resilience hedge, 2 ms, 3 attempts".into(),
+            Strategy::Budgeted => "this crate, 2 ms, 3 attempts, 5 % budget".into(),
             Strategy::Fixed {
                 delay_ms,
                 max_attempts,
@@ -180,6 +208,14 @@ impl Strategy {
                 )),
                 None,
             ),
+            Strategy::ResilienceHedge => {
+                let layer = tower_resilience::hedge::HedgeLayer::builder()
+                    .delay(scale.clock(2.0))
+                    .max_hedged_attempts(3)
+                    .build();
+                let hedge = tower::Layer::layer(&layer, downstream);
+                (BoxService::new(hedge.map_err(BoxError::from)), None)
+            }
             Strategy::Fixed {
                 delay_ms,
                 max_attempts,
@@ -192,6 +228,15 @@ impl Strategy {
                 ),
                 None,
             ),
+            Strategy::Budgeted => {
+                let budget = HedgeBudget::new(budget_window(scale), 0, BUDGET_RATIO)?;
+                let policy = HedgePolicy::builder()
+                    .max_attempts(3)
+                    .delay(scale.clock(2.0))
+                    .budget(budget)
+                    .build()?;
+                (hedged(policy), None)
+            }
             Strategy::Adaptive => {
                 let delay = AdaptiveDelay::builder()
                     .percentile(0.95)
@@ -215,23 +260,49 @@ impl Strategy {
 struct Outcome {
     latencies_ms: Vec<f64>,
     requests: u64,
+    /// Requests the downstream received during the slow phase, if there was one.
+    phase_requests: Option<u64>,
+    /// Calls made in the budget's window before the slow phase began.
+    calls_in_window_before_phase: usize,
     /// Where an adaptive delay ended up, in model milliseconds.
     final_delay_ms: Option<f64>,
 }
 
-/// `calls` calls, one after another; the latency of each in model milliseconds.
+/// `calls` calls, one after another, with a phase of `phase` calls that are all slow in the
+/// middle; the latency of each in model milliseconds.
 async fn run(
     strategy: Strategy,
     calls: usize,
+    phase: usize,
     seed: u64,
     scale: Scale,
 ) -> Result<Outcome, BoxError> {
     let downstream = Downstream::new(seed, scale);
     let requests = Arc::clone(&downstream.requests);
+    let all_slow = Arc::clone(&downstream.all_slow);
     let (mut service, adaptive) = strategy.service(downstream, scale)?;
     let mut latencies_ms = Vec::with_capacity(calls);
-    for _ in 0..calls {
+    let phase_calls = calls / 2..calls / 2 + phase;
+    let mut at_phase_start = 0;
+    let mut phase_requests = None;
+    let mut started_at = Vec::with_capacity(calls);
+    let mut calls_in_window_before_phase = 0;
+    for call in 0..calls {
+        if phase > 0 && call == phase_calls.start {
+            at_phase_start = requests.load(Ordering::Relaxed);
+            all_slow.store(true, Ordering::Relaxed);
+            let window_start = Instant::now().checked_sub(budget_window(scale));
+            calls_in_window_before_phase = started_at
+                .iter()
+                .filter(|&&at| window_start.is_none_or(|start| at >= start))
+                .count();
+        }
+        if phase > 0 && call == phase_calls.end {
+            all_slow.store(false, Ordering::Relaxed);
+            phase_requests = Some(requests.load(Ordering::Relaxed) - at_phase_start);
+        }
         let started = Instant::now();
+        started_at.push(started);
         let response = service.ready().await?.call(grpc_request()).await?;
         if !common::is_ok(&response) {
             return Err("the downstream never fails, yet a call did".into());
@@ -241,6 +312,8 @@ async fn run(
     Ok(Outcome {
         latencies_ms,
         requests: requests.load(Ordering::Relaxed),
+        phase_requests,
+        calls_in_window_before_phase,
         final_delay_ms: adaptive.map(|d| scale.model_ms(d.current())),
     })
 }
@@ -276,12 +349,14 @@ fn main() -> Result<(), BoxError> {
             max_attempts: 2,
         },
         Strategy::Adaptive,
+        Strategy::ResilienceHedge,
+        Strategy::Budgeted,
     ];
     let runtime = paused_runtime()?;
     let mut rows = Vec::new();
     let mut notes = Vec::new();
     for strategy in strategies {
-        let outcome = runtime.block_on(run(strategy, calls, seed, scale))?;
+        let outcome = runtime.block_on(run(strategy, calls, 0, seed, scale))?;
         let slow = |from: usize| {
             outcome
                 .latencies_ms
@@ -339,5 +414,54 @@ fn main() -> Result<(), BoxError> {
     for note in notes {
         println!("{note}");
     }
+    slow_phase(&strategies, calls, seed, scale)
+}
+
+/// The second table: extra requests while every call is slow.
+fn slow_phase(
+    strategies: &[Strategy],
+    calls: usize,
+    seed: u64,
+    scale: Scale,
+) -> Result<(), BoxError> {
+    let runtime = paused_runtime()?;
+    let mut rows = Vec::new();
+    for &strategy in strategies {
+        let outcome = runtime.block_on(run(strategy, calls, SLOW_PHASE, seed, scale))?;
+        let Some(phase_requests) = outcome.phase_requests else {
+            return Err("the run is too short for the slow phase".into());
+        };
+        let hedges = phase_requests.saturating_sub(SLOW_PHASE as u64);
+        let extra = hedges as f64 / SLOW_PHASE as f64;
+        let extra_all = outcome.requests.saturating_sub(calls as u64) as f64 / calls as f64;
+        // What the budget allows during the phase: its share of the phase's calls and of
+        // those still in its window when the phase began.
+        let earned = SLOW_PHASE + outcome.calls_in_window_before_phase;
+        let bound = (earned as f64 * BUDGET_RATIO).floor() as u64;
+        rows.push(vec![
+            strategy.name(),
+            format!("{:.2}%", extra * 100.0),
+            format!("{hedges} / {bound}"),
+            format!("{:.2}%", extra_all * 100.0),
+            yes_no(hedges <= bound),
+        ]);
+    }
+    println!(
+        "\nslow phase: calls {}..{} of {calls} all take 100 ms; extra requests during the \
+         phase; the hedges sent in it against what a 5 % budget allows (5 % of the phase's \
+         calls and of the calls in the budget's window when it began); extra over the run",
+        calls / 2,
+        calls / 2 + SLOW_PHASE
+    );
+    print_table(
+        &[
+            "strategy",
+            "extra in phase",
+            "hedges / 5 % budget",
+            "extra in all",
+            "within budget",
+        ],
+        &rows,
+    );
     Ok(())
 }

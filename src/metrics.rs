@@ -4,7 +4,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use opentelemetry::metrics::{Histogram, Meter};
+use opentelemetry::metrics::{Counter, Histogram, Meter};
 use opentelemetry::{KeyValue, Value};
 
 use crate::stats::CallCounts;
@@ -17,6 +17,10 @@ pub const TRANSPARENT_RETRIES: &str = "grpc.client.call.transparent_retries";
 pub const HEDGES: &str = "grpc.client.call.hedges";
 /// `grpc.client.call.retry_delay`: seconds with no attempt in flight before a later one.
 pub const RETRY_DELAY: &str = "grpc.client.call.retry_delay";
+
+/// `tower_retry_hedge.hedges_over_budget`: hedges not sent because their policy's
+/// [`HedgeBudget`](crate::throttle::HedgeBudget) was spent (a counter; beyond A96).
+pub const HEDGES_OVER_BUDGET: &str = "tower_retry_hedge.hedges_over_budget";
 
 /// The bucket boundaries of [`RETRIES`] and [`HEDGES`], as grpc-java gives them for A96.
 pub const RETRY_BUCKETS: [f64; 5] = [1.0, 2.0, 3.0, 4.0, 5.0];
@@ -56,11 +60,12 @@ pub struct RetryMetrics {
     transparent: Histogram<u64>,
     hedges: Histogram<u64>,
     delay: Histogram<f64>,
+    over_budget: Counter<u64>,
     target: Option<Arc<str>>,
 }
 
 impl RetryMetrics {
-    /// The four histograms, made on `meter` with A96's names, units and bucket advice.
+    /// The four histograms, and the crate's counter of hedges over budget, made on `meter` with A96's names, units and bucket advice.
     pub fn new(meter: &Meter) -> RetryMetrics {
         let counts = |name: &'static str, unit: &'static str, description, buckets: &[f64]| {
             meter
@@ -97,6 +102,11 @@ impl RetryMetrics {
                 )
                 .with_boundaries(RETRY_DELAY_BUCKETS.to_vec())
                 .build(),
+            over_budget: meter
+                .u64_counter(HEDGES_OVER_BUDGET)
+                .with_unit("{hedge}")
+                .with_description("Hedges not sent because their policy's hedge budget was spent.")
+                .build(),
             target: None,
         }
     }
@@ -118,6 +128,14 @@ impl RetryMetrics {
             KeyValue::new("grpc.method", labels.method.clone()),
             KeyValue::new("grpc.target", target),
         ];
+        if extra.hedges_over_budget > 0 {
+            self.over_budget
+                .add(u64::from(extra.hedges_over_budget), &attributes);
+        }
+        if extra.retries + extra.hedges + extra.transparent == 0 {
+            // Only a hedge refused: no attempt after the first, no retry delay to report.
+            return;
+        }
         // A96: "If there were no retries, 0 is not reported", and so for the others.
         for (histogram, count) in [
             (&self.retries, extra.retries),

@@ -41,6 +41,8 @@ pub(crate) struct CallCounts {
     pub(crate) transparent: u32,
     /// The time no attempt was in flight before a later one was sent.
     pub(crate) delay: std::time::Duration,
+    /// Hedges not sent because the policy's hedge budget was spent.
+    pub(crate) hedges_over_budget: u32,
 }
 
 /// The lower bounds of the A6 histogram's buckets.
@@ -68,6 +70,7 @@ pub struct MethodStats {
     retry_attempts: AtomicU64,
     retry_failures: AtomicU64,
     histogram: [AtomicU64; 8],
+    hedges_over_budget: AtomicU64,
 }
 
 impl MethodStats {
@@ -82,12 +85,19 @@ impl MethodStats {
         self.retry_failures.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Records that a hedge was not sent because its policy's
+    /// [`HedgeBudget`](crate::throttle::HedgeBudget) was spent.
+    pub fn record_hedge_over_budget(&self) {
+        self.hedges_over_budget.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// The current values.
     pub fn snapshot(&self) -> MethodSnapshot {
         MethodSnapshot {
             retry_attempts: self.retry_attempts.load(Ordering::Relaxed),
             retry_failures: self.retry_failures.load(Ordering::Relaxed),
             histogram: std::array::from_fn(|i| self.histogram[i].load(Ordering::Relaxed)),
+            hedges_over_budget: self.hedges_over_budget.load(Ordering::Relaxed),
         }
     }
 }
@@ -102,6 +112,8 @@ pub struct MethodSnapshot {
     /// Retry attempts by bucket; bucket `i` counts the k-th retries with
     /// `HISTOGRAM_BOUNDS[i] <= k < HISTOGRAM_BOUNDS[i + 1]`.
     pub histogram: [u64; 8],
+    /// Hedges not sent because the policy's hedge budget was spent (beyond A6).
+    pub hedges_over_budget: u64,
 }
 
 /// All methods' figures at one moment, by method path.

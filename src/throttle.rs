@@ -84,10 +84,12 @@
 
 mod adaptive;
 mod budget;
+mod hedge_budget;
 mod registry;
 
 pub use adaptive::{AdaptiveThrottle, AdaptiveThrottleError};
 pub use budget::{BudgetError, RetryBudget};
+pub use hedge_budget::HedgeBudget;
 pub(crate) use registry::AuthorityThrottles;
 pub use registry::{DEFAULT_MAX_AUTHORITIES, MAX_AUTHORITY_LEN, ThrottleRegistry};
 

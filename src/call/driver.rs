@@ -17,7 +17,7 @@ use super::{Call, LazyRng, Shared};
 use crate::BoxError;
 use crate::body::Replay;
 use crate::classify::AttemptResult;
-use crate::engine::{Action, AttemptId, End, Engine, Inputs, Send, Verdict};
+use crate::engine::{Action, Admission, AttemptId, End, Engine, Inputs, Send, Verdict};
 use crate::error::{attempt_timed_out, deadline_exceeded};
 use crate::stats::MethodStats;
 use crate::telemetry::{AttemptFields, AttemptSpans};
@@ -363,8 +363,13 @@ where
     if let Some(not_sent) = poll_service(state, inputs, cx) {
         return not_sent;
     }
-    if !state.engine.admit(send) {
-        return Sent::No;
+    match state.engine.admit(send) {
+        Admission::Send => {}
+        Admission::Refused => return Sent::No,
+        Admission::OverBudget => {
+            state.method_stats().record_hedge_over_budget();
+            return Sent::No;
+        }
     }
     let sent = state.engine.attempts().sent();
     let deadline = state.engine.deadline();

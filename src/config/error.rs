@@ -81,6 +81,15 @@ pub enum Rule {
     },
     /// `maxRequestMessageBytes` or `maxResponseMessageBytes` is not an integer >= 0.
     MessageBytes,
+    /// A key gRPC does not define in this object (refused only by
+    /// [`ServiceConfig::from_json_strict`](super::ServiceConfig::from_json_strict); a
+    /// plain parse ignores it and lists it in
+    /// [`ServiceConfig::ignored`](super::ServiceConfig::ignored)).
+    UnknownField {
+        /// The field of the same object the key is a near miss of, if any (see
+        /// [`IgnoredKey::suggestion`](super::IgnoredKey::suggestion)).
+        suggestion: Option<&'static str>,
+    },
 }
 
 impl fmt::Display for Rule {
@@ -122,12 +131,23 @@ impl fmt::Display for Rule {
                 "is a second default name (no service); the first is at {first}"
             ),
             Rule::MessageBytes => f.write_str("must be an integer >= 0"),
+            Rule::UnknownField { suggestion } => {
+                f.write_str("is not a field of gRPC's service config")?;
+                match suggestion {
+                    Some(field) => write!(f, " (did you mean {field}?)"),
+                    None => Ok(()),
+                }
+            }
         }
     }
 }
 
 /// A service config that breaks a rule: where (a JSON path such as
 /// `methodConfig[0].retryPolicy.maxAttempts`), which [`Rule`], and the offending value.
+///
+/// A required field that is absent while a near miss of its name is present says so:
+/// `methodConfig[0].retryPolicy.maxAttempts: is required (found "maxAttempt": did you mean
+/// maxAttempts?)` (see [`ConfigError::near_miss`]).
 ///
 /// ```
 /// use tower_retry_hedge::config::{Rule, ServiceConfig};
@@ -145,6 +165,14 @@ pub struct ConfigError {
     path: String,
     rule: Rule,
     got: Option<String>,
+    near_miss: Option<Box<NearMiss>>,
+}
+
+/// The key found where a required field is absent, and the field.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct NearMiss {
+    found: String,
+    field: &'static str,
 }
 
 impl ConfigError {
@@ -153,7 +181,29 @@ impl ConfigError {
             path: path.into(),
             rule,
             got: None,
+            near_miss: None,
         }
+    }
+
+    /// The required `field` is absent at `path`; `found` is a key of the same object that
+    /// is a near miss of it, if there is one.
+    pub(super) fn missing(
+        path: impl Into<String>,
+        field: &'static str,
+        found: Option<String>,
+    ) -> ConfigError {
+        ConfigError {
+            near_miss: found.map(|found| Box::new(NearMiss { found, field })),
+            ..ConfigError::new(path, Rule::Missing)
+        }
+    }
+
+    /// A key gRPC does not define, refused by a strict parse.
+    pub(super) fn unknown_field(
+        path: impl Into<String>,
+        suggestion: Option<&'static str>,
+    ) -> ConfigError {
+        ConfigError::new(path, Rule::UnknownField { suggestion })
     }
 
     pub(super) fn got(path: impl Into<String>, rule: Rule, value: &Value) -> ConfigError {
@@ -161,6 +211,7 @@ impl ConfigError {
             path: path.into(),
             rule,
             got: Some(quote(value)),
+            near_miss: None,
         }
     }
 
@@ -172,6 +223,7 @@ impl ConfigError {
                 max: MAX_DOCUMENT_BYTES,
             },
             got: Some(format!("{len} bytes")),
+            near_miss: None,
         }
     }
 
@@ -207,6 +259,29 @@ impl ConfigError {
     pub fn value(&self) -> Option<&str> {
         self.got.as_deref()
     }
+
+    /// For [`Rule::Missing`]: a key of the same object that looks like a misspelling of
+    /// the absent field (cut to [`MAX_KEY_CHARS`](super::MAX_KEY_CHARS) characters), if
+    /// there is one.
+    ///
+    /// ```
+    /// use tower_retry_hedge::config::{Rule, ServiceConfig};
+    ///
+    /// let err = ServiceConfig::from_json(r#"{"methodConfig": [{"name": [{}],
+    ///     "retryPolicy": {"maxAttempt": 3, "initialBackoff": "0.1s", "maxBackoff": "1s",
+    ///                     "backoffMultiplier": 2, "retryableStatusCodes": [14]}}]}"#)
+    /// .unwrap_err();
+    /// assert_eq!(err.rule(), &Rule::Missing);
+    /// assert_eq!(err.near_miss(), Some("maxAttempt"));
+    /// assert_eq!(
+    ///     err.to_string(),
+    ///     "methodConfig[0].retryPolicy.maxAttempts: is required \
+    ///      (found \"maxAttempt\": did you mean maxAttempts?)"
+    /// );
+    /// ```
+    pub fn near_miss(&self) -> Option<&str> {
+        self.near_miss.as_ref().map(|near| near.found.as_str())
+    }
 }
 
 impl fmt::Display for ConfigError {
@@ -215,6 +290,10 @@ impl fmt::Display for ConfigError {
             write!(f, "service config: {}", self.rule)?;
         } else {
             write!(f, "{}: {}", self.path, self.rule)?;
+        }
+        if let Some(near) = &self.near_miss {
+            let NearMiss { found, field } = &**near;
+            write!(f, " (found {found:?}: did you mean {field}?)")?;
         }
         if let Some(got) = &self.got {
             write!(f, ", got {got}")?;

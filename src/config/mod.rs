@@ -96,8 +96,9 @@
 //! # What is accepted
 //!
 //! * Top level: `methodConfig` and `retryThrottling` are read; every other field
-//!   (`loadBalancingPolicy`, `loadBalancingConfig`, `healthCheckConfig`, ...) is
-//!   accepted and ignored, as are unknown fields anywhere, as gRPC does. Fields that
+//!   gRPC defines (`loadBalancingPolicy`, `loadBalancingConfig`, `healthCheckConfig`,
+//!   ...) is accepted and ignored, as are keys gRPC does not define anywhere, as gRPC
+//!   does, but those are reported (see [Unknown keys](#unknown-keys)). Fields that
 //!   are read must have the right type. A field whose value is `null` counts as absent,
 //!   as in proto3 JSON. When an object repeats a key, the last value wins (as in
 //!   grpc-go).
@@ -125,6 +126,50 @@
 //! * `timeout` a duration >= 0; `waitForReady` a boolean; `maxRequestMessageBytes` and
 //!   `maxResponseMessageBytes` integers >= 0 (kept for callers; values above
 //!   `u64::MAX` saturate).
+//!
+//! # Unknown keys
+//!
+//! gRPC ignores keys it does not define, so a misspelt field is silent there: with
+//! `"hedgeDelay"` for `"hedgingDelay"` every hedge goes at once, and `"retryThrotling"`
+//! means no throttle at all. This crate ignores them too, so that the same JSON behaves as
+//! it does in grpc-go, but says so:
+//!
+//! * [`ServiceConfig::from_json`] logs them in one `WARN` event (message `service config:
+//!   unknown fields ignored`, fields `count` and `keys`, which names the first 10), and
+//!   [`ServiceConfig::ignored`] lists them as [`IgnoredKey`]s: the JSON path
+//!   (`methodConfig[0].hedgingPolicy.hedgeDelay`), the key, and, for a near miss, the field
+//!   it likely stands for (an edit distance, ignoring case, of at most a third of the
+//!   key's length: `hedgingDelay`; `maxAttempts` for `MaxAttempts` or `max_attempts`).
+//! * [`ServiceConfig::from_json_strict`] refuses them, with [`Rule::UnknownField`] and the
+//!   same path and suggestion.
+//! * A required field that is absent names the near miss that stands in its place:
+//!   `methodConfig[0].retryPolicy.maxAttempts: is required (found "maxAttempt": did you
+//!   mean maxAttempts?)`.
+//!
+//! A key is unknown only if gRPC's service config does not define it in that place: every
+//! field of `grpc/service_config/service_config.proto` is known, whether or not this crate
+//! uses it (`loadBalancingPolicy`, `loadBalancingConfig`, `healthCheckConfig.serviceName`,
+//! `connectionScaling.maxConnectionsPerSubchannel`, `waitForReady`, `timeout`,
+//! `maxRequestMessageBytes`, `maxResponseMessageBytes`, `name[].service` and
+//! `name[].method`), as is `retryPolicy.perAttemptRecvTimeout`, which grpc-java and C-core
+//! read. The contents of `loadBalancingConfig` belong to each load balancer and are not
+//! looked into.
+//!
+//! ```
+//! use tower_retry_hedge::config::ServiceConfig;
+//!
+//! let json = r#"{"methodConfig": [{
+//!     "name": [{"service": "pkg.Search"}],
+//!     "hedgingPolicy": {"maxAttempts": 3, "hedgeDelay": "0.05s"}
+//! }]}"#;
+//! let config = ServiceConfig::from_json(json)?; // and a WARN event
+//! assert_eq!(
+//!     config.ignored()[0].to_string(),
+//!     "methodConfig[0].hedgingPolicy.hedgeDelay (did you mean hedgingDelay?)"
+//! );
+//! assert!(ServiceConfig::from_json_strict(json).is_err());
+//! # Ok::<(), tower_retry_hedge::config::ConfigError>(())
+//! ```
 //!
 //! # Decisions where A6 leaves room
 //!
@@ -164,7 +209,10 @@
 //! bounded: a document longer than [`MAX_DOCUMENT_BYTES`] is refused before parsing,
 //! serde_json's recursion limit (128 levels) refuses deeper nesting, and
 //! [`MAX_METHOD_CONFIGS`], [`MAX_NAMES`] and [`MAX_STATUS_CODES`] bound the arrays.
-//! Values quoted in error messages are cut to 64 characters.
+//! Values quoted in error messages are cut to 64 characters. Unknown keys cost a few
+//! string comparisons each; at most [`MAX_IGNORED_KEYS`] are kept (the rest are counted),
+//! each cut to [`MAX_KEY_CHARS`] characters, and only kept keys (or, for a missing field,
+//! at most [`MAX_IGNORED_KEYS`] keys of its object) are searched for a near miss.
 //!
 //! The document is read into a `serde_json::Value` first, which costs more than the
 //! text: measured at up to 34 times the document's length at the peak for the worst
@@ -180,6 +228,7 @@ mod model;
 mod parse;
 mod policies;
 mod service_config;
+mod unknown;
 mod write;
 
 pub use duration::{DurationError, format_duration, parse_duration};
@@ -188,6 +237,7 @@ pub use model::{
     HedgingPolicyConfig, MethodConfig, MethodName, MethodPolicy, RetryPolicyConfig, RetryThrottling,
 };
 pub use service_config::ServiceConfig;
+pub use unknown::IgnoredKey;
 
 /// The longest service-config document [`ServiceConfig::from_json`] parses, in bytes
 /// (1 MiB). gRPC service configs are a few hundred bytes; DNS TXT records carrying
@@ -206,3 +256,12 @@ pub const MAX_STATUS_CODES: usize = 100;
 
 /// The largest number of seconds a proto3 `Duration` may hold (10 000 years).
 pub const MAX_DURATION_SECONDS: u64 = 315_576_000_000;
+
+/// The most unknown keys [`ServiceConfig::ignored`] lists (the first ones read); more are
+/// only counted ([`ServiceConfig::ignored_count`]).
+pub const MAX_IGNORED_KEYS: usize = 100;
+
+/// The longest an unknown key is quoted, in paths, [`IgnoredKey::key`] and
+/// [`ConfigError::near_miss`], in characters; a longer key is cut and ends in `…`, and is
+/// never a near miss.
+pub const MAX_KEY_CHARS: usize = 64;

@@ -6,6 +6,7 @@ use std::time::Duration;
 use serde_json::{Map, Number, Value};
 
 use super::index::Slot;
+use super::unknown::{UnknownKeys, fields, near_miss};
 use super::{
     ConfigError, DurationError, HedgingPolicyConfig, MAX_METHOD_CONFIGS, MAX_NAMES,
     MAX_STATUS_CODES, MethodConfig, MethodName, MethodPolicy, RetryPolicyConfig, RetryThrottling,
@@ -13,9 +14,15 @@ use super::{
 };
 use crate::classify::{Code, GrpcCodes};
 
-/// A whole service config, validated.
-pub(super) fn parse_service_config(value: &Value) -> Result<ServiceConfig, ConfigError> {
+/// A whole service config, validated; keys gRPC does not define are refused (`strict`) or
+/// kept in [`ServiceConfig::ignored`].
+pub(super) fn parse_service_config(
+    value: &Value,
+    strict: bool,
+) -> Result<ServiceConfig, ConfigError> {
+    let mut unknown = UnknownKeys::new(strict);
     let root = object(value, "")?;
+    unknown.check(root, "", fields::ROOT)?;
     let mut config = ServiceConfig::default();
     if let Some(list) = field(root, "methodConfig") {
         let path = "methodConfig";
@@ -32,7 +39,7 @@ pub(super) fn parse_service_config(value: &Value) -> Result<ServiceConfig, Confi
         let mut names_seen = 0;
         for (i, entry) in list.iter().enumerate() {
             let path = format!("methodConfig[{i}]");
-            let method_config = parse_method_config(entry, &path, &mut names_seen)?;
+            let method_config = parse_method_config(entry, &path, &mut names_seen, &mut unknown)?;
             for (j, name) in method_config.names.iter().enumerate() {
                 config.index.insert(name, Slot { config: i, name: j })?;
             }
@@ -40,8 +47,23 @@ pub(super) fn parse_service_config(value: &Value) -> Result<ServiceConfig, Confi
         }
     }
     if let Some(throttling) = field(root, "retryThrottling") {
-        config.retry_throttling = Some(parse_throttling(throttling, "retryThrottling")?);
+        config.retry_throttling = Some(parse_throttling(
+            throttling,
+            "retryThrottling",
+            &mut unknown,
+        )?);
     }
+    // Fields this crate does not read: only their keys are checked, and only in an object.
+    for (key, known) in [
+        ("healthCheckConfig", fields::HEALTH_CHECK_CONFIG),
+        ("connectionScaling", fields::CONNECTION_SCALING),
+    ] {
+        if let Some(Value::Object(object)) = field(root, key) {
+            unknown.check(object, key, known)?;
+        }
+    }
+    config.ignored = unknown.kept;
+    config.ignored_count = unknown.count;
     Ok(config)
 }
 
@@ -58,15 +80,22 @@ fn field<'a>(object: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
     object.get(key).filter(|value| !value.is_null())
 }
 
+/// A required field of an object whose fields are `known`; when it is absent, the error
+/// names a key of the object that is a near miss of it.
 fn required<'a>(
     object: &'a Map<String, Value>,
     path: &str,
-    key: &str,
+    key: &'static str,
+    known: &'static [&'static str],
 ) -> Result<(&'a Value, String), ConfigError> {
     let path = child(path, key);
     match field(object, key) {
         Some(value) => Ok((value, path)),
-        None => Err(ConfigError::new(path, Rule::Missing)),
+        None => Err(ConfigError::missing(
+            path,
+            key,
+            near_miss(object, known, key),
+        )),
     }
 }
 
@@ -203,25 +232,31 @@ fn parse_status_codes(
     Ok(codes)
 }
 
-fn parse_retry_policy(value: &Value, path: &str) -> Result<RetryPolicyConfig, ConfigError> {
+fn parse_retry_policy(
+    value: &Value,
+    path: &str,
+    unknown: &mut UnknownKeys,
+) -> Result<RetryPolicyConfig, ConfigError> {
     let object = object(value, path)?;
+    let known = fields::RETRY_POLICY;
+    unknown.check(object, path, known)?;
 
-    let (value, at) = required(object, path, "maxAttempts")?;
+    let (value, at) = required(object, path, "maxAttempts", known)?;
     let max_attempts = parse_max_attempts(value, &at)?;
 
-    let (value, at) = required(object, path, "initialBackoff")?;
+    let (value, at) = required(object, path, "initialBackoff", known)?;
     let initial_backoff = positive_duration(value, &at)?;
 
-    let (value, at) = required(object, path, "maxBackoff")?;
+    let (value, at) = required(object, path, "maxBackoff", known)?;
     let max_backoff = positive_duration(value, &at)?;
 
-    let (value, at) = required(object, path, "backoffMultiplier")?;
+    let (value, at) = required(object, path, "backoffMultiplier", known)?;
     let backoff_multiplier = match value.as_f64() {
         Some(m) if m > 0.0 && m.is_finite() => m,
         _ => return Err(ConfigError::got(at, Rule::BackoffMultiplier, value)),
     };
 
-    let (value, at) = required(object, path, "retryableStatusCodes")?;
+    let (value, at) = required(object, path, "retryableStatusCodes", known)?;
     let retryable_status_codes = parse_status_codes(value, &at, true)?;
 
     Ok(RetryPolicyConfig {
@@ -233,10 +268,16 @@ fn parse_retry_policy(value: &Value, path: &str) -> Result<RetryPolicyConfig, Co
     })
 }
 
-fn parse_hedging_policy(value: &Value, path: &str) -> Result<HedgingPolicyConfig, ConfigError> {
+fn parse_hedging_policy(
+    value: &Value,
+    path: &str,
+    unknown: &mut UnknownKeys,
+) -> Result<HedgingPolicyConfig, ConfigError> {
     let object = object(value, path)?;
+    let known = fields::HEDGING_POLICY;
+    unknown.check(object, path, known)?;
 
-    let (value, at) = required(object, path, "maxAttempts")?;
+    let (value, at) = required(object, path, "maxAttempts", known)?;
     let max_attempts = parse_max_attempts(value, &at)?;
 
     let hedging_delay = match field(object, "hedgingDelay") {
@@ -256,8 +297,13 @@ fn parse_hedging_policy(value: &Value, path: &str) -> Result<HedgingPolicyConfig
     })
 }
 
-fn parse_name(value: &Value, path: &str) -> Result<MethodName, ConfigError> {
+fn parse_name(
+    value: &Value,
+    path: &str,
+    unknown: &mut UnknownKeys,
+) -> Result<MethodName, ConfigError> {
     let object = object(value, path)?;
+    unknown.check(object, path, fields::NAME)?;
     let service = match field(object, "service") {
         Some(value) => string(value, &child(path, "service"))?,
         None => "",
@@ -286,8 +332,10 @@ fn parse_method_config(
     value: &Value,
     path: &str,
     names_seen: &mut usize,
+    unknown: &mut UnknownKeys,
 ) -> Result<MethodConfig, ConfigError> {
     let object = object(value, path)?;
+    unknown.check(object, path, fields::METHOD_CONFIG)?;
 
     let mut names = Vec::new();
     if let Some(list) = field(object, "name") {
@@ -299,7 +347,7 @@ fn parse_method_config(
         }
         names.reserve_exact(list.len());
         for (j, name) in list.iter().enumerate() {
-            names.push(parse_name(name, &format!("{at}[{j}]"))?);
+            names.push(parse_name(name, &format!("{at}[{j}]"), unknown)?);
         }
     }
 
@@ -308,10 +356,12 @@ fn parse_method_config(
         (Some(retry), None) => Some(MethodPolicy::Retry(parse_retry_policy(
             retry,
             &child(path, "retryPolicy"),
+            unknown,
         )?)),
         (None, Some(hedging)) => Some(MethodPolicy::Hedging(parse_hedging_policy(
             hedging,
             &child(path, "hedgingPolicy"),
+            unknown,
         )?)),
         (None, None) => None,
     };
@@ -379,16 +429,22 @@ fn token_ratio_milli(number: &Number) -> u32 {
     milli
 }
 
-fn parse_throttling(value: &Value, path: &str) -> Result<RetryThrottling, ConfigError> {
+fn parse_throttling(
+    value: &Value,
+    path: &str,
+    unknown: &mut UnknownKeys,
+) -> Result<RetryThrottling, ConfigError> {
     let object = object(value, path)?;
+    let known = fields::RETRY_THROTTLING;
+    unknown.check(object, path, known)?;
 
-    let (value, at) = required(object, path, "maxTokens")?;
+    let (value, at) = required(object, path, "maxTokens", known)?;
     let max_tokens = match integer(value) {
         Some(Ok(n @ 1..=1000)) => saturate_u32(n),
         _ => return Err(ConfigError::got(at, Rule::MaxTokens, value)),
     };
 
-    let (value, at) = required(object, path, "tokenRatio")?;
+    let (value, at) = required(object, path, "tokenRatio", known)?;
     let token_ratio_milli = match value.as_number().map(token_ratio_milli) {
         Some(milli) if milli > 0 => milli,
         _ => return Err(ConfigError::got(at, Rule::TokenRatio, value)),

@@ -6,7 +6,10 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
 
 use super::index::{NameIndex, Slot};
-use super::{ConfigError, MAX_DOCUMENT_BYTES, MethodConfig, RetryThrottling, parse, write};
+use super::{
+    ConfigError, IgnoredKey, MAX_DOCUMENT_BYTES, MethodConfig, RetryThrottling, parse, unknown,
+    write,
+};
 use crate::grpc_path;
 
 /// A validated gRPC service config: its method configs and its retry throttling.
@@ -17,6 +20,11 @@ use crate::grpc_path;
 /// service-config JSON that parses to an equal value. The default value is the empty
 /// config (`{}`).
 ///
+/// Keys gRPC does not define are ignored, as gRPC ignores them, but not silently: the parse
+/// logs them in one `WARN` event and [`ServiceConfig::ignored`] lists them, with a "did you
+/// mean" for near misses; [`ServiceConfig::from_json_strict`] refuses them. Equality
+/// compares the configuration only, not the keys its document had that were ignored.
+///
 /// ```
 /// use tower_retry_hedge::config::ServiceConfig;
 ///
@@ -26,30 +34,143 @@ use crate::grpc_path;
 /// assert_eq!(config, ServiceConfig::default());
 /// # Ok::<(), tower_retry_hedge::config::ConfigError>(())
 /// ```
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default)]
 pub struct ServiceConfig {
     pub(super) method_configs: Vec<MethodConfig>,
     pub(super) retry_throttling: Option<RetryThrottling>,
     pub(super) index: NameIndex,
+    pub(super) ignored: Vec<IgnoredKey>,
+    pub(super) ignored_count: usize,
+}
+
+/// The configuration, not the keys its document had that were ignored: a config equals
+/// the one [`ServiceConfig::to_json`] writes.
+impl PartialEq for ServiceConfig {
+    fn eq(&self, other: &ServiceConfig) -> bool {
+        self.method_configs == other.method_configs
+            && self.retry_throttling == other.retry_throttling
+            && self.index == other.index
+    }
 }
 
 impl ServiceConfig {
     /// Parses and validates service-config JSON.
     ///
-    /// Documents longer than [`MAX_DOCUMENT_BYTES`] are refused before parsing.
+    /// Documents longer than [`MAX_DOCUMENT_BYTES`] are refused before parsing. Keys gRPC
+    /// does not define are ignored, logged in one `WARN` event (target
+    /// `tower_retry_hedge::config::unknown`), and listed by [`ServiceConfig::ignored`].
     pub fn from_json(json: &str) -> Result<ServiceConfig, ConfigError> {
+        ServiceConfig::parse_json(json, false)
+    }
+
+    /// Parses and validates service-config JSON, refusing keys gRPC does not define: the
+    /// error names the key's path and the field it is a near miss of, if any
+    /// ([`Rule::UnknownField`](super::Rule::UnknownField)). Fields gRPC defines that this
+    /// crate does not use (`loadBalancingConfig`, `healthCheckConfig`, `waitForReady`, ...)
+    /// are accepted, and the contents of `loadBalancingConfig` (each policy's own
+    /// configuration) are not checked.
+    ///
+    /// Keys are checked object by object as the document is read: the unknown keys of an
+    /// object are reported before the other errors of that object.
+    ///
+    /// ```
+    /// use tower_retry_hedge::config::{Rule, ServiceConfig};
+    ///
+    /// let json = r#"{"methodConfig": [{"name": [{"service": "pkg.Search"}],
+    ///     "hedgingPolicy": {"maxAttempts": 3, "hedgeDelay": "0.05s"}}]}"#;
+    /// assert!(ServiceConfig::from_json(json).is_ok());
+    ///
+    /// let err = ServiceConfig::from_json_strict(json).unwrap_err();
+    /// assert_eq!(err.path(), "methodConfig[0].hedgingPolicy.hedgeDelay");
+    /// assert_eq!(err.rule(), &Rule::UnknownField { suggestion: Some("hedgingDelay") });
+    /// assert_eq!(
+    ///     err.to_string(),
+    ///     "methodConfig[0].hedgingPolicy.hedgeDelay: is not a field of gRPC's service \
+    ///      config (did you mean hedgingDelay?)"
+    /// );
+    /// ```
+    pub fn from_json_strict(json: &str) -> Result<ServiceConfig, ConfigError> {
+        ServiceConfig::parse_json(json, true)
+    }
+
+    /// Validates a service config already parsed as JSON (the entry limits apply; the
+    /// size limit cannot, the document being already in memory). Keys gRPC does not
+    /// define are ignored and reported as by [`ServiceConfig::from_json`].
+    pub fn from_value(value: &Value) -> Result<ServiceConfig, ConfigError> {
+        let config = parse::parse_service_config(value, false)?;
+        unknown::warn(&config.ignored, config.ignored_count);
+        Ok(config)
+    }
+
+    /// [`ServiceConfig::from_value`], refusing keys gRPC does not define as
+    /// [`ServiceConfig::from_json_strict`] does.
+    pub fn from_value_strict(value: &Value) -> Result<ServiceConfig, ConfigError> {
+        parse::parse_service_config(value, true)
+    }
+
+    fn parse_json(json: &str, strict: bool) -> Result<ServiceConfig, ConfigError> {
         if json.len() > MAX_DOCUMENT_BYTES {
             return Err(ConfigError::document_too_large(json.len()));
         }
         let value: Value =
             serde_json::from_str(json).map_err(|e| ConfigError::from_json_error(&e))?;
-        ServiceConfig::from_value(&value)
+        if strict {
+            ServiceConfig::from_value_strict(&value)
+        } else {
+            ServiceConfig::from_value(&value)
+        }
     }
 
-    /// Validates a service config already parsed as JSON (the entry limits apply; the
-    /// size limit cannot, the document being already in memory).
-    pub fn from_value(value: &Value) -> Result<ServiceConfig, ConfigError> {
-        parse::parse_service_config(value)
+    /// The keys of the document that gRPC does not define, which the parse ignored, in the
+    /// order they were read (object by object; the keys of one object in sorted order): at
+    /// most the first [`MAX_IGNORED_KEYS`](super::MAX_IGNORED_KEYS); see
+    /// [`ignored_count`](ServiceConfig::ignored_count) for them all. Empty for a config
+    /// parsed strictly, built in code or deserialized from [`ServiceConfig::to_json`].
+    ///
+    /// A key is unknown when gRPC's service config does not define it in that place. Keys
+    /// gRPC defines are never listed, even those this crate does not use: `loadBalancingPolicy`,
+    /// `loadBalancingConfig` (whose contents are each load balancer's own and are not
+    /// looked into), `healthCheckConfig.serviceName`,
+    /// `connectionScaling.maxConnectionsPerSubchannel`, a method config's `waitForReady`,
+    /// `timeout`, `maxRequestMessageBytes`, `maxResponseMessageBytes`, and a retry policy's
+    /// `perAttemptRecvTimeout` (read by grpc-java and C-core). Only the proto3 JSON names are
+    /// defined (`maxAttempts`, not `max_attempts` nor `MaxAttempts`, which grpc-go's
+    /// case-insensitive decoding would also take): those are listed, with the field they
+    /// stand for as the suggestion, as the crate does not read them.
+    ///
+    /// ```
+    /// use tower_retry_hedge::config::ServiceConfig;
+    ///
+    /// let config = ServiceConfig::from_json(r#"{
+    ///   "loadBalancingConfig": [{"round_robin": {}}],
+    ///   "methodConfig": [{
+    ///     "name": [{"service": "pkg.Search", "methdo": "Query"}],
+    ///     "waitForReady": true,
+    ///     "retryPolicy": {"maxAttempts": 3, "initialBackoff": "0.1s", "maxBackoff": "1s",
+    ///                     "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"],
+    ///                     "comment": "retries for search"}
+    ///   }],
+    ///   "retryThrotling": {"maxTokens": 10, "tokenRatio": 0.1}
+    /// }"#)?;
+    /// let ignored: Vec<String> = config.ignored().iter().map(|key| key.to_string()).collect();
+    /// assert_eq!(ignored, [
+    ///     "retryThrotling (did you mean retryThrottling?)",
+    ///     "methodConfig[0].name[0].methdo (did you mean method?)",
+    ///     "methodConfig[0].retryPolicy.comment",
+    /// ]);
+    /// // The misspelt "retryThrottling" means no throttle, and "methdo" the whole service.
+    /// assert!(config.retry_throttling().is_none());
+    /// assert!(config.method_config("pkg.Search", "Other").is_some());
+    /// # Ok::<(), tower_retry_hedge::config::ConfigError>(())
+    /// ```
+    pub fn ignored(&self) -> &[IgnoredKey] {
+        &self.ignored
+    }
+
+    /// How many keys gRPC does not define the document had, which can be more than
+    /// [`ignored`](ServiceConfig::ignored) lists.
+    pub fn ignored_count(&self) -> usize {
+        self.ignored_count
     }
 
     /// The method configs, in document order.

@@ -70,6 +70,16 @@ pub(crate) struct Send {
     pub(crate) hedge: bool,
 }
 
+/// Whether a send the engine asked for may go, once its service is ready.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Admission {
+    Send,
+    /// The call is over, or the throttle refused: no counted attempt goes any more.
+    Refused,
+    /// A hedge over its policy's budget: not sent, and no more hedges for this call.
+    OverBudget,
+}
+
 /// How a call ends when no answer is returned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum End {
@@ -203,6 +213,8 @@ struct Trouble {
     transparent: u32,
     /// Counted attempts sent while earlier ones might still be in flight.
     hedges: u32,
+    /// Hedges not sent because the policy's hedge budget was spent.
+    hedges_over_budget: u32,
     /// How the call ends, decided and not yet given to the driver.
     ending: Option<End>,
     /// The latest counted attempt's per-attempt timeout (a policy with one makes this state
@@ -264,6 +276,12 @@ impl Engine {
             started: false,
             ended: false,
         };
+        if let Mode::Hedge(policy, _) = &engine.rules.mode
+            && let Some(budget) = &policy.budget
+        {
+            // Every hedged call earns its share of hedges.
+            budget.on_call();
+        }
         if engine.rules.hedging_delay().is_some() && engine.may_count_another() {
             // The first hedge's time is set when the call starts to wait.
             engine.next = Some(Pending {
@@ -301,14 +319,16 @@ impl Engine {
     /// What the call did beyond its first attempt; `None` for a call of one attempt.
     #[cfg_attr(not(feature = "opentelemetry"), allow(dead_code))]
     pub(crate) fn extra(&self) -> Option<CallCounts> {
-        if self.sent <= 1 {
+        let trouble = self.trouble.as_deref();
+        let over_budget = trouble.map_or(0, |t| t.hedges_over_budget);
+        if self.sent <= 1 && over_budget == 0 {
             return None;
         }
-        let trouble = self.trouble.as_deref();
         let hedges = trouble.map_or(0, |t| t.hedges);
         Some(CallCounts {
             retries: self.counted - 1 - hedges,
             hedges,
+            hedges_over_budget: over_budget,
             transparent: trouble.map_or(0, |t| t.transparent),
             delay: self.trouble.as_ref().map_or(Duration::ZERO, |t| t.idle),
         })
@@ -453,25 +473,44 @@ impl Engine {
     }
 
     /// The service is ready for `send`, which [`poll`](Self::poll) gave: tells whether it
-    /// may go. A counted send asks the throttle here, once, when it can really be sent (a
-    /// budget withdraws when it says yes); a refusal stops the counted attempts.
-    pub(crate) fn admit(&mut self, send: Send) -> bool {
+    /// may go. A hedge asks its policy's budget and then the throttle here, once, when it can
+    /// really be sent (a budget withdraws when it says yes); a refusal stops the counted
+    /// attempts, and the call waits on those in flight.
+    pub(crate) fn admit(&mut self, send: Send) -> Admission {
         if self.is_over() {
-            return false;
+            return Admission::Refused;
         }
         let Some(next) = self.next.as_mut().filter(|p| p.send == send) else {
             // A transparent resend: granted when it was decided on.
-            return self.scheduled().any(|p| p.send == send);
+            return match self.scheduled().any(|p| p.send == send) {
+                true => Admission::Send,
+                false => Admission::Refused,
+            };
         };
         if next.granted {
-            return true;
+            return Admission::Send;
         }
         next.granted = true;
+        if self.over_budget() {
+            tracing::debug!(attempt = self.sent + 1, "hedge over budget");
+            self.stopped = true;
+            self.next = None;
+            self.trouble().hedges_over_budget += 1;
+            return Admission::OverBudget;
+        }
         if self.throttle_refuses() {
             self.next = None;
-            return false;
+            return Admission::Refused;
         }
-        true
+        Admission::Send
+    }
+
+    /// Whether the call's hedging policy has a budget, and it is spent.
+    fn over_budget(&self) -> bool {
+        match &self.rules.mode {
+            Mode::Hedge(policy, _) => policy.budget.as_ref().is_some_and(|b| !b.try_hedge()),
+            _ => false,
+        }
     }
 
     /// An attempt was sent for `send` (which [`admit`](Self::admit) let go), with body

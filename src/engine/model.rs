@@ -422,7 +422,7 @@ impl Model {
                         }
                     }
                     Ready::Yes => {
-                        if self.engine.admit(send) {
+                        if self.engine.admit(send) == Admission::Send {
                             if self.recorded && self.body.committed.get().is_some() {
                                 // The body cannot be copied: the driver reports the commit.
                                 let reader = self.body.committed.get().unwrap_or_default();

@@ -62,7 +62,7 @@ fn answer(engine: &mut Engine, id: AttemptId, outcome: Outcome, now: Instant) ->
 /// Sends `send` as the driver does: admitted, then sent with the body reader numbered as the
 /// send is.
 fn sent(engine: &mut Engine, send: Send, now: Instant) -> AttemptId {
-    assert!(engine.admit(send), "{send:?} is admitted");
+    assert_eq!(engine.admit(send), Admission::Send, "{send:?} is admitted");
     let reader = u64::from(engine.attempts().sent() + 1);
     at(now, |inputs| engine.on_sent(send, reader, inputs))
 }
@@ -498,7 +498,7 @@ fn hedges_need_the_throttle_above_half() {
     let Action::Send(send) = poll(&mut engine, t0() + ms(10)) else {
         panic!("the hedge is due")
     };
-    assert!(!engine.admit(send));
+    assert_eq!(engine.admit(send), Admission::Refused);
     assert_eq!(poll(&mut engine, t0() + ms(10)), Action::Wait(None));
 }
 
@@ -824,8 +824,12 @@ fn a_hedge_asks_the_throttle_only_once_its_service_is_ready() {
     // The service is not ready: the driver waits, and asks the engine again later.
     assert!(matches!(poll(&mut engine, t0() + ms(11)), Action::Send(_)));
     assert_eq!(throttle.asked(), 0);
-    assert!(engine.admit(send));
-    assert!(engine.admit(send), "asked once per attempt");
+    assert_eq!(engine.admit(send), Admission::Send);
+    assert_eq!(
+        engine.admit(send),
+        Admission::Send,
+        "asked once per attempt"
+    );
     assert_eq!(throttle.asked(), 1);
 }
 
@@ -1041,4 +1045,43 @@ fn a_never_sent_hedge_sends_the_next_at_once_when_unavailable_is_non_fatal() {
         panic!("the next hedge goes at once")
     };
     assert!(send.hedge && !send.transparent);
+}
+
+#[test]
+fn a_hedge_over_its_policy_budget_is_not_sent_and_the_call_waits_on_the_first() {
+    // 50 % of calls, no floor: of two calls, one hedge.
+    let budget = crate::throttle::HedgeBudget::new(Duration::from_secs(10), 0, 0.5).unwrap();
+    let policy = HedgePolicy::builder()
+        .max_attempts(3)
+        .delay(ms(10))
+        .non_fatal(GrpcCodes::from([Code::Unavailable]))
+        .budget(budget.clone())
+        .build()
+        .unwrap();
+    let rules = || rules(Mode::Hedge(Arc::new(policy.clone()), ms(10)), 3, None);
+    let mut first = engine_of(rules(), None);
+    let mut second = engine_of(rules(), None);
+    for engine in [&mut first, &mut second] {
+        poll(engine, t0());
+    }
+    let Action::Send(send) = poll(&mut first, t0() + ms(10)) else {
+        panic!("the hedge is due")
+    };
+    assert_eq!(first.admit(send), Admission::Send);
+    let Action::Send(send) = poll(&mut second, t0() + ms(10)) else {
+        panic!("the hedge is due")
+    };
+    assert_eq!(second.admit(send), Admission::OverBudget);
+    // No more hedges for this call: it waits on its first attempt.
+    assert_eq!(poll(&mut second, t0() + ms(10)), Action::Wait(None));
+    assert_eq!(second.extra().map(|e| e.hedges_over_budget), Some(1));
+    assert_eq!(
+        answer(
+            &mut second,
+            AttemptId::FIRST,
+            Outcome::Success,
+            t0() + ms(50)
+        ),
+        Verdict::Return
+    );
 }

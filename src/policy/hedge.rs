@@ -7,6 +7,7 @@ use std::time::Duration;
 use super::PolicyError;
 use crate::classify::{Classify, GrpcCodes};
 use crate::latency::AdaptiveDelay;
+use crate::throttle::HedgeBudget;
 
 /// The delay between hedges: fixed (A6's `hedgingDelay`) or following a latency percentile.
 #[derive(Debug, Clone)]
@@ -49,6 +50,7 @@ pub struct HedgePolicy {
     pub(crate) timeout: Option<Duration>,
     pub(crate) non_idempotent: bool,
     pub(crate) wait_for_ready: bool,
+    pub(crate) budget: Option<HedgeBudget>,
 }
 
 impl fmt::Debug for HedgePolicy {
@@ -57,6 +59,7 @@ impl fmt::Debug for HedgePolicy {
             .field("max_attempts", &self.max_attempts)
             .field("delay", &self.delay)
             .field("timeout", &self.timeout)
+            .field("budget", &self.budget)
             .finish_non_exhaustive()
     }
 }
@@ -72,6 +75,7 @@ impl HedgePolicy {
             timeout: None,
             non_idempotent: false,
             wait_for_ready: false,
+            budget: None,
         }
     }
 
@@ -89,6 +93,14 @@ impl HedgePolicy {
     pub fn timeout(&self) -> Option<Duration> {
         self.timeout
     }
+
+    /// This policy with `budget` in place of its own.
+    pub(crate) fn with_budget(&self, budget: Option<HedgeBudget>) -> HedgePolicy {
+        HedgePolicy {
+            budget,
+            ..self.clone()
+        }
+    }
 }
 
 /// Builds a [`HedgePolicy`].
@@ -100,6 +112,7 @@ pub struct HedgePolicyBuilder {
     timeout: Option<Duration>,
     non_idempotent: bool,
     wait_for_ready: bool,
+    budget: Option<HedgeBudget>,
 }
 
 impl fmt::Debug for HedgePolicyBuilder {
@@ -177,6 +190,29 @@ impl HedgePolicyBuilder {
         self
     }
 
+    /// Caps the extra load this policy's hedges add: a hedge over the budget is not sent, and
+    /// the call keeps waiting on the attempts in flight (see [`HedgeBudget`]). None by
+    /// default for a policy built in code, as in A6; policies made from service-config JSON
+    /// get [`HedgeBudget::default`].
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_retry_hedge::HedgePolicy;
+    /// use tower_retry_hedge::throttle::HedgeBudget;
+    ///
+    /// let policy = HedgePolicy::builder()
+    ///     .max_attempts(3)
+    ///     .delay(Duration::from_millis(2))
+    ///     .budget(HedgeBudget::new(Duration::from_secs(10), 1, 0.05)?)
+    ///     .build()?;
+    /// # let _ = policy;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn budget(mut self, budget: HedgeBudget) -> Self {
+        self.budget = Some(budget);
+        self
+    }
+
     /// Validates and builds the policy.
     pub fn build(self) -> Result<HedgePolicy, PolicyError> {
         if self.max_attempts < 2 {
@@ -192,6 +228,7 @@ impl HedgePolicyBuilder {
             timeout: self.timeout,
             non_idempotent: self.non_idempotent,
             wait_for_ready: self.wait_for_ready,
+            budget: self.budget,
         })
     }
 }

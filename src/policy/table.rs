@@ -11,6 +11,7 @@ use http::{Method, Request};
 use super::{DEFAULT_MAX_ATTEMPTS_CAP, DEFAULT_MAX_PUSHBACK, MethodPolicy};
 use crate::body::BufferLimits;
 use crate::stats::Stats;
+use crate::throttle::HedgeBudget;
 use crate::throttle::{
     AuthorityThrottle, AuthorityThrottles, RetryThrottle, ThrottleRegistry, ThrottleState,
 };
@@ -160,6 +161,7 @@ impl Policies {
             max_pushback: DEFAULT_MAX_PUSHBACK,
             track_backends: false,
             transparent_retries: true,
+            hedge_budget: None,
             #[cfg(feature = "opentelemetry")]
             metrics: None,
         }
@@ -335,6 +337,8 @@ pub struct PoliciesBuilder {
     max_attempts_cap: u32,
     track_backends: bool,
     transparent_retries: bool,
+    /// `Some`: the budget of every hedging policy of the table (`Some(None)`: none).
+    hedge_budget: Option<Option<HedgeBudget>>,
     #[cfg(feature = "opentelemetry")]
     metrics: Option<crate::metrics::RetryMetrics>,
 }
@@ -342,6 +346,23 @@ pub struct PoliciesBuilder {
 impl fmt::Debug for PoliciesBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PoliciesBuilder").finish_non_exhaustive()
+    }
+}
+
+impl PoliciesBuilder {
+    /// Gives every hedging policy `budget`.
+    fn set_hedge_budgets(&mut self, budget: &Option<HedgeBudget>) {
+        let with_budget = |policy: &mut MethodPolicy| {
+            if let MethodPolicy::Hedge(hedge) = policy {
+                *hedge = Arc::new(hedge.with_budget(budget.clone()));
+            }
+        };
+        let names = self.methods.values_mut().chain(self.services.values_mut());
+        names.flatten().for_each(with_budget);
+        self.routes
+            .iter_mut()
+            .for_each(|(_, policy)| with_budget(policy));
+        self.default.iter_mut().for_each(with_budget);
     }
 }
 
@@ -503,8 +524,34 @@ impl PoliciesBuilder {
         self
     }
 
+    /// Gives every hedging policy of the table this [`HedgeBudget`] (`None`: no budget),
+    /// in place of its own: for a table made from service-config JSON, whose hedging
+    /// policies get [`HedgeBudget::default`], to change it or turn it off. Policies that
+    /// share one budget share one window.
+    ///
+    /// ```
+    /// use tower_retry_hedge::ServiceConfig;
+    /// use tower_retry_hedge::backoff::Jitter;
+    ///
+    /// let config = ServiceConfig::from_json(r#"{"methodConfig": [{
+    ///     "name": [{"service": "echo.Echo"}],
+    ///     "hedgingPolicy": {"maxAttempts": 3, "hedgingDelay": "0.01s"}
+    /// }]}"#)?;
+    /// // Hedges without a cap on their extra load, as A6 has it.
+    /// let policies = config.policies_builder_with(Jitter::GRPC).hedge_budget(None).build();
+    /// # let _ = policies;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn hedge_budget(mut self, budget: Option<HedgeBudget>) -> Self {
+        self.hedge_budget = Some(budget);
+        self
+    }
+
     /// Builds the table.
-    pub fn build(self) -> Policies {
+    pub fn build(mut self) -> Policies {
+        if let Some(budget) = self.hedge_budget.take() {
+            self.set_hedge_budgets(&budget);
+        }
         Policies(Arc::new(Table {
             methods: self.methods,
             services: self.services,

@@ -162,8 +162,8 @@
 #[cfg(feature = "opentelemetry")]
 #[cfg_attr(docsrs, doc(cfg(feature = "opentelemetry")))]
 pub use crate::metrics::{
-    HEDGES, RETRIES, RETRY_BUCKETS, RETRY_DELAY, RETRY_DELAY_BUCKETS, RetryMetrics,
-    TRANSPARENT_RETRIES, TRANSPARENT_RETRY_BUCKETS,
+    HEDGES, HEDGES_OVER_BUDGET, RETRIES, RETRY_BUCKETS, RETRY_DELAY, RETRY_DELAY_BUCKETS,
+    RetryMetrics, TRANSPARENT_RETRIES, TRANSPARENT_RETRY_BUCKETS,
 };
 
 use tracing::Span;

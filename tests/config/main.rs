@@ -1,5 +1,6 @@
 //! gRPC service-config JSON: the validation table, the duration parser, name matching,
-//! the examples of gRFC A6, limits on untrusted input, and properties.
+//! the examples of gRFC A6, limits on untrusted input, properties, and keys gRPC does not
+//! define.
 
 mod a6;
 mod duration;
@@ -7,6 +8,7 @@ mod limits;
 mod matching;
 mod props;
 mod state;
+mod unknown;
 mod validation;
 
 use tower_retry_hedge::config::{

@@ -1170,3 +1170,45 @@ async fn tried_backends_are_off_unless_asked_for() {
     }
     call.await.unwrap().unwrap();
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_hedge_budget_caps_the_extra_load_when_every_call_turns_slow() {
+    // Every call takes 100 ms; a 2 ms hedging delay would send 3 copies of each. A budget of
+    // 10 % of the calls over 10 s, no floor, lets one hedge in ten calls through.
+    let budget = tower_retry_hedge::throttle::HedgeBudget::new(Duration::from_secs(10), 0, 0.1)
+        .expect("valid budget");
+    let policy = HedgePolicy::builder()
+        .max_attempts(3)
+        .delay(ms(2))
+        .non_fatal(GrpcCodes::from([Code::Unavailable]))
+        .budget(budget)
+        .build()
+        .unwrap();
+    let policies = Policies::builder().method(METHOD, policy).build();
+    let requests = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&requests);
+    let slow = tower::service_fn(move |_: Req| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        async {
+            tokio::time::sleep(ms(100)).await;
+            Ok::<_, BoxError>(grpc_ok())
+        }
+    });
+    let svc = HedgeLayer::new(policies.clone()).layer(slow);
+    let calls = 50;
+    for _ in 0..calls {
+        let response = svc.clone().oneshot(grpc_request()).await.unwrap();
+        assert_eq!(grpc_status(&response), Some("0"));
+    }
+    let hedges = requests.load(Ordering::SeqCst) - calls;
+    // 50 calls earn 5 hedges; without the budget there would be 100.
+    assert!(hedges <= 5, "{hedges} hedges");
+    assert!(
+        hedges >= 4,
+        "the budget lets its share through: {hedges} hedges"
+    );
+    let snapshot = policies.stats().snapshot();
+    let method = &snapshot.methods[METHOD];
+    // Each call had one hedge refused: the first, or for the calls that hedged, the second.
+    assert_eq!(method.hedges_over_budget as usize, calls);
+}

@@ -1,0 +1,90 @@
+//! A hedge budget: hedges limited to a share of recent calls, plus a floor per second.
+
+use std::fmt;
+use std::time::Duration;
+
+use super::{BudgetError, RetryBudget, RetryThrottle};
+
+/// A budget for the extra load hedges add (Finagle's backup requests carry one, its
+/// `maxExtraLoad`): over a sliding window, the hedges a policy sends may be at most
+/// `ratio × calls`, plus `min_per_second` hedges per second so that a client with little
+/// traffic can still hedge.
+///
+/// gRFC A6 gates hedges only on failures (the throttle). A backend that turns slow for every
+/// call (overload, a GC pause, a slow disk) fails nothing, so a fixed hedging delay then sends
+/// up to `maxAttempts` copies of every call, exactly when the fleet can least take them. With
+/// a budget, a hedge over it is not sent: the call keeps waiting on the attempts in flight,
+/// and the refusal is counted (`MethodSnapshot::hedges_over_budget`, and with the
+/// `opentelemetry` feature the `tower_retry_hedge.hedges_over_budget` counter). "The Tail at
+/// Scale" (Dean and Barroso) keeps hedges to a few percent of the load; Finagle's default is
+/// 1 %.
+///
+/// Give it to a hedging policy ([`HedgePolicyBuilder::budget`]); clones share one window, so
+/// one budget can also be shared by several policies. Policies made from service-config JSON
+/// get [`HedgeBudget::default`] (5 % over 10 s, 1 per second), which
+/// [`PoliciesBuilder::hedge_budget`] changes or turns off. Time is `tokio::time::Instant`, so
+/// it can be tested on tokio's paused clock.
+///
+/// [`HedgePolicyBuilder::budget`]: crate::policy::HedgePolicyBuilder::budget
+/// [`PoliciesBuilder::hedge_budget`]: crate::policy::PoliciesBuilder::hedge_budget
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_retry_hedge::throttle::HedgeBudget;
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// // Hedges at most 10 % of the calls of the last 10 s, no floor.
+/// let budget = HedgeBudget::new(Duration::from_secs(10), 0, 0.1)?;
+/// for _ in 0..20 {
+///     budget.on_call();
+/// }
+/// assert!(budget.try_hedge()); // 1 of 2
+/// assert!(budget.try_hedge()); // 2 of 2
+/// assert!(!budget.try_hedge()); // 20 calls × 0.1 spent
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct HedgeBudget(RetryBudget);
+
+impl HedgeBudget {
+    /// A budget over a window of `window` (1 s to 60 s), with a floor of `min_per_second`
+    /// hedges per second and `ratio` (0 to 1000) hedges per call.
+    pub fn new(
+        window: Duration,
+        min_per_second: u32,
+        ratio: f64,
+    ) -> Result<HedgeBudget, BudgetError> {
+        RetryBudget::new(window, min_per_second, ratio).map(HedgeBudget)
+    }
+
+    /// Counts a call of a policy with this budget: its share of hedges goes into the window.
+    pub fn on_call(&self) {
+        self.0.on_call();
+    }
+
+    /// Takes one hedge from the budget if there is one left; `false` when the hedge must not
+    /// be sent.
+    pub fn try_hedge(&self) -> bool {
+        self.0.allows_retry()
+    }
+
+    /// Hedges still allowed now (rounded down).
+    pub fn remaining(&self) -> u64 {
+        self.0.remaining()
+    }
+}
+
+impl Default for HedgeBudget {
+    /// 5 % of the calls over a 10 s window, and 1 hedge per second.
+    fn default() -> HedgeBudget {
+        HedgeBudget::new(Duration::from_secs(10), 1, 0.05).expect("valid default budget")
+    }
+}
+
+impl fmt::Debug for HedgeBudget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("HedgeBudget").field(&self.0).finish()
+    }
+}
