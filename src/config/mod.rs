@@ -171,6 +171,31 @@
 //! # Ok::<(), tower_retry_hedge::config::ConfigError>(())
 //! ```
 //!
+//! # Policies for the layers
+//!
+//! [`ServiceConfig::policies`] makes the [`Policies`](crate::Policies) table the layers
+//! take; [`ServiceConfig::policies_builder_with`] takes [`PolicyOptions`]: the backoff
+//! jitter (gRPC's ±20 % by default, or the full jitter of the 2017 A6 text) and, with the
+//! `retry-info` feature, `google.rpc.RetryInfo` read as pushback by every retry and hedging
+//! policy made from the JSON (`PolicyOptions::retry_info`, off by default), as Google APIs
+//! send their retry delay in `grpc-status-details-bin`:
+//!
+//! ```
+//! # #[cfg(feature = "retry-info")]
+//! # {
+//! use tower_retry_hedge::config::{PolicyOptions, ServiceConfig};
+//!
+//! let config = ServiceConfig::from_json(r#"{"methodConfig": [{"name": [{}],
+//!     "retryPolicy": {"maxAttempts": 4, "initialBackoff": "0.1s", "maxBackoff": "1s",
+//!                     "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}}]}"#)?;
+//! let policies = config
+//!     .policies_builder_with(PolicyOptions::new().retry_info(true))
+//!     .build();
+//! # let _ = policies;
+//! # }
+//! # Ok::<(), tower_retry_hedge::config::ConfigError>(())
+//! ```
+//!
 //! # Decisions where A6 leaves room
 //!
 //! * **Integers written as floats.** `maxAttempts`, `maxTokens`, status codes and
@@ -236,6 +261,7 @@ pub use error::{ConfigError, Rule};
 pub use model::{
     HedgingPolicyConfig, MethodConfig, MethodName, MethodPolicy, RetryPolicyConfig, RetryThrottling,
 };
+pub use policies::PolicyOptions;
 pub use service_config::ServiceConfig;
 pub use unknown::IgnoredKey;
 

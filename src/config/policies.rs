@@ -2,8 +2,113 @@
 
 use super::{MethodConfig, MethodPolicy as ConfigPolicy, ServiceConfig};
 use crate::backoff::{Exponential, Jitter};
-use crate::policy::{HedgePolicy, MethodPolicy, Policies, PoliciesBuilder, RetryPolicy};
+use crate::classify::GrpcCodes;
+use crate::policy::{
+    HedgePolicy, HedgePolicyBuilder, MethodPolicy, Policies, PoliciesBuilder, RetryPolicy,
+    RetryPolicyBuilder,
+};
 use crate::throttle::Throttle;
+
+/// How [`ServiceConfig::policies_builder_with`] makes the layers' policies from a service
+/// config: the backoff jitter of retry policies, and (feature `retry-info`) whether every
+/// retry and hedging policy reads `google.rpc.RetryInfo` as pushback.
+///
+/// The default is what [`ServiceConfig::policies`] uses: today's gRPC jitter
+/// ([`Jitter::GRPC`]), and no `RetryInfo`. A [`Jitter`] converts into options with that
+/// jitter, so `policies_builder_with(Jitter::Full)` reads as it always has.
+///
+/// ```
+/// use tower_retry_hedge::backoff::Jitter;
+/// use tower_retry_hedge::config::PolicyOptions;
+///
+/// assert_eq!(PolicyOptions::default(), PolicyOptions::new());
+/// assert_eq!(PolicyOptions::from(Jitter::Full), PolicyOptions::new().jitter(Jitter::Full));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PolicyOptions {
+    jitter: Jitter,
+    #[cfg(feature = "retry-info")]
+    retry_info: bool,
+}
+
+impl Default for PolicyOptions {
+    fn default() -> PolicyOptions {
+        PolicyOptions::new()
+    }
+}
+
+impl From<Jitter> for PolicyOptions {
+    fn from(jitter: Jitter) -> PolicyOptions {
+        PolicyOptions::new().jitter(jitter)
+    }
+}
+
+impl PolicyOptions {
+    /// The defaults: [`Jitter::GRPC`], and no `RetryInfo`.
+    pub const fn new() -> PolicyOptions {
+        PolicyOptions {
+            jitter: Jitter::GRPC,
+            #[cfg(feature = "retry-info")]
+            retry_info: false,
+        }
+    }
+
+    /// The jitter of every retry policy's backoff (default [`Jitter::GRPC`], ±20 % as
+    /// grpc-go, grpc-java and C-core apply it; [`Jitter::Full`] is the 2017 text of A6).
+    pub const fn jitter(mut self, jitter: Jitter) -> PolicyOptions {
+        self.jitter = jitter;
+        self
+    }
+
+    /// Whether every retry and hedging policy made from the config reads
+    /// `google.rpc.RetryInfo` from `grpc-status-details-bin` as pushback, as a policy built
+    /// in code with
+    /// [`GrpcCodes::with_retry_info`](crate::classify::GrpcCodes::with_retry_info) does
+    /// (default `false`): a retryable (or, for hedging, non-fatal) status that carries a
+    /// `RetryInfo` delay is retried (or the next hedge sent) after exactly that delay,
+    /// under the same cap as `grpc-retry-pushback-ms`
+    /// ([`max_pushback`](crate::policy::PoliciesBuilder::max_pushback)), which wins when a
+    /// response carries both. Google APIs send their retry delay this way.
+    ///
+    /// ```
+    /// use tower_retry_hedge::config::{PolicyOptions, ServiceConfig};
+    ///
+    /// let config = ServiceConfig::from_json(r#"{"methodConfig": [{
+    ///     "name": [{"service": "google.pubsub.v1.Publisher"}],
+    ///     "retryPolicy": {"maxAttempts": 5, "initialBackoff": "0.1s", "maxBackoff": "60s",
+    ///                     "backoffMultiplier": 1.3, "retryableStatusCodes": ["UNAVAILABLE"]}
+    /// }]}"#)?;
+    /// let policies = config
+    ///     .policies_builder_with(PolicyOptions::new().retry_info(true))
+    ///     .build();
+    /// # let _ = policies;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[cfg(feature = "retry-info")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "retry-info")))]
+    pub const fn retry_info(mut self, enabled: bool) -> PolicyOptions {
+        self.retry_info = enabled;
+        self
+    }
+
+    /// `builder`, retrying `codes` (and reading `RetryInfo` if asked).
+    fn retryable(self, builder: RetryPolicyBuilder, codes: GrpcCodes) -> RetryPolicyBuilder {
+        #[cfg(feature = "retry-info")]
+        if self.retry_info {
+            return builder.retryable(codes.with_retry_info());
+        }
+        builder.retryable(codes)
+    }
+
+    /// `builder`, with `codes` non-fatal (and reading `RetryInfo` if asked).
+    fn non_fatal(self, builder: HedgePolicyBuilder, codes: GrpcCodes) -> HedgePolicyBuilder {
+        #[cfg(feature = "retry-info")]
+        if self.retry_info {
+            return builder.non_fatal(codes.with_retry_info());
+        }
+        builder.non_fatal(codes)
+    }
+}
 
 impl ServiceConfig {
     /// The policy table this config describes, ready for
@@ -13,7 +118,7 @@ impl ServiceConfig {
     /// Backoff jitter is today's gRPC behaviour (±20 % after the cap, as grpc-go, grpc-java
     /// and C-core do), so the same JSON behaves as it does there; see
     /// [`policies_builder_with`](ServiceConfig::policies_builder_with) for the full jitter of
-    /// the 2017 A6 text, or to set buffer limits or the client cap.
+    /// the 2017 A6 text, `RetryInfo` as pushback, or to set buffer limits or the client cap.
     ///
     /// ```
     /// use tower_retry_hedge::config::ServiceConfig;
@@ -33,11 +138,12 @@ impl ServiceConfig {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn policies(&self) -> Policies {
-        self.policies_builder_with(Jitter::GRPC).build()
+        self.policies_builder_with(PolicyOptions::new()).build()
     }
 
-    /// A builder of the policy table, with the backoff jitter of your choice, to which
-    /// buffer limits, the client cap on `maxAttempts` or a different throttle can be added.
+    /// A builder of the policy table, made with these options (a [`Jitter`], or
+    /// [`PolicyOptions`] for `RetryInfo` as pushback), to which buffer limits, the client
+    /// cap on `maxAttempts` or a different throttle can be added.
     ///
     /// ```
     /// use tower_retry_hedge::backoff::Jitter;
@@ -56,12 +162,13 @@ impl ServiceConfig {
     /// assert!(policies.lookup(&http::Method::POST, "/any.Service/Method").is_some());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn policies_builder_with(&self, jitter: Jitter) -> PoliciesBuilder {
+    pub fn policies_builder_with(&self, options: impl Into<PolicyOptions>) -> PoliciesBuilder {
+        let options = options.into();
         let mut builder = Policies::builder();
         for method_config in self.method_configs() {
             // A config without a retry or hedging policy still matches its names, and so
             // turns off what a broader name would have given them, as gRPC's lookup does.
-            let policy = method_policy(method_config, jitter);
+            let policy = method_policy(method_config, options);
             for name in method_config.names() {
                 builder = match (name.method(), &policy) {
                     (Some(method), Some(policy)) => {
@@ -90,7 +197,7 @@ impl ServiceConfig {
 
 /// The layer policy of one method config; a `timeout` alone gives its methods that deadline;
 /// `None` when it has neither a policy nor a timeout.
-fn method_policy(config: &MethodConfig, jitter: Jitter) -> Option<MethodPolicy> {
+fn method_policy(config: &MethodConfig, options: PolicyOptions) -> Option<MethodPolicy> {
     let Some(policy) = config.policy() else {
         return config.timeout().map(MethodPolicy::Timeout);
     };
@@ -101,23 +208,23 @@ fn method_policy(config: &MethodConfig, jitter: Jitter) -> Option<MethodPolicy> 
                 retry.initial_backoff(),
                 retry.max_backoff(),
                 retry.backoff_multiplier(),
-                jitter,
+                options.jitter,
             )
             .ok()?;
-            let mut builder = RetryPolicy::builder()
+            let builder = RetryPolicy::builder()
                 .max_attempts(retry.max_attempts())
-                .backoff(backoff)
-                .retryable(retry.retryable_status_codes());
+                .backoff(backoff);
+            let mut builder = options.retryable(builder, retry.retryable_status_codes());
             if let Some(timeout) = config.timeout() {
                 builder = builder.timeout(timeout);
             }
             MethodPolicy::from(builder.build().ok()?)
         }
         ConfigPolicy::Hedging(hedging) => {
-            let mut builder = HedgePolicy::builder()
+            let builder = HedgePolicy::builder()
                 .max_attempts(hedging.max_attempts())
-                .delay(hedging.hedging_delay())
-                .non_fatal(hedging.non_fatal_status_codes());
+                .delay(hedging.hedging_delay());
+            let mut builder = options.non_fatal(builder, hedging.non_fatal_status_codes());
             if let Some(timeout) = config.timeout() {
                 builder = builder.timeout(timeout);
             }
@@ -216,5 +323,74 @@ mod tests {
             .unwrap()
             .policies();
         assert!(!none.has_throttle());
+    }
+
+    #[test]
+    fn a_jitter_is_options() {
+        let config = ServiceConfig::from_json(A6).unwrap();
+        let Some(MethodPolicy::Retry(none)) = lookup(
+            &config.policies_builder_with(Jitter::None).build(),
+            "/x.Y/Z",
+        ) else {
+            panic!("default policy expected");
+        };
+        // min(2 s × 1.5^n, 1 s), unjittered.
+        assert_eq!(none.backoff().delay(0), Duration::from_secs(1));
+    }
+
+    /// With `retry_info`, every retry and hedging policy made from the JSON reads
+    /// `RetryInfo`; without it, none does.
+    #[cfg(feature = "retry-info")]
+    #[test]
+    fn retry_info_reaches_every_policy_from_json() {
+        use crate::classify::{AttemptResult, Classify, Outcome};
+        use crate::pushback::Pushback;
+        use http::{HeaderMap, HeaderValue, StatusCode};
+
+        // google.rpc.Status { code: 14, details: [RetryInfo { retry_delay: 0.3 s }] }
+        let mut headers = HeaderMap::new();
+        headers.insert("grpc-status", HeaderValue::from_static("14"));
+        headers.insert(
+            "grpc-status-details-bin",
+            HeaderValue::from_static(
+                "CA4aNAoodHlwZS5nb29nbGVhcGlzLmNvbS9nb29nbGUucnBjLlJldHJ5SW5mbxIICgYQgMaGjwE",
+            ),
+        );
+        let answer = AttemptResult::Response {
+            status: StatusCode::OK,
+            headers: &headers,
+        };
+        let classify = |policy: &MethodPolicy| match policy {
+            MethodPolicy::Retry(retry) => retry.classifier().classify(answer),
+            MethodPolicy::Hedge(hedge) => hedge.classifier.classify(answer),
+            _ => panic!("a retry or hedging policy expected"),
+        };
+        let config = ServiceConfig::from_json(A6).unwrap();
+        let with = config
+            .policies_builder_with(PolicyOptions::new().retry_info(true))
+            .build();
+        let without = config.policies();
+        for path in [
+            "/pkg.Retried/A",
+            "/pkg.Other/Get",
+            "/pkg.Hedged/A",
+            "/x.Y/Z",
+        ] {
+            let policy = lookup(&with, path).expect("a policy");
+            let expected = if path == "/x.Y/Z" {
+                // The default retries ABORTED only: UNAVAILABLE is fatal, RetryInfo or not.
+                Outcome::Fatal(None)
+            } else {
+                Outcome::Retryable(Some(Pushback::After(Duration::from_millis(300))))
+            };
+            assert_eq!(classify(&policy), expected, "{path}");
+            let policy = lookup(&without, path).expect("a policy");
+            let plain = if path == "/x.Y/Z" {
+                Outcome::Fatal(None)
+            } else {
+                Outcome::Retryable(None)
+            };
+            assert_eq!(classify(&policy), plain, "{path}");
+        }
     }
 }

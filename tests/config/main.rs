@@ -1,12 +1,17 @@
 //! gRPC service-config JSON: the validation table, the duration parser, name matching,
-//! the examples of gRFC A6, limits on untrusted input, properties, and keys gRPC does not
-//! define.
+//! the examples of gRFC A6, limits on untrusted input, properties, keys gRPC does not
+//! define, and `RetryInfo` read by policies made from the JSON (against a real tonic peer).
 
 mod a6;
+#[cfg(all(feature = "retry-info", feature = "tonic"))]
+#[path = "../common/mod.rs"]
+mod common;
 mod duration;
 mod limits;
 mod matching;
 mod props;
+#[cfg(all(feature = "retry-info", feature = "tonic"))]
+mod retry_info;
 mod state;
 mod unknown;
 mod validation;
