@@ -24,6 +24,18 @@ use super::{BoxError, BufferLimits, ReplayBody};
 /// Any other streaming body (axum's `Body`, hyper's `Incoming`, a `StreamBody`) is boxed first:
 /// `UnsyncBoxBody::new(body.map_err(Into::into))`, or `BoxBody` for a `Sync` body, both with
 /// [`BoxError`] as the error type.
+///
+/// # Compile errors
+///
+/// A body type that is not `Replay` is a compile error. Where rustc checks the layers'
+/// `Service` bounds one by one (a function with a `Service` bound,
+/// `Service::call(&mut svc, request)`), the error names this trait and lists the bodies
+/// above. Through a `tower::ServiceExt` method (`svc.oneshot(request)`, `svc.ready()`),
+/// rustc 1.95 picks the method first and reports only the method's unsatisfied bound, without
+/// a word about this trait: E0599, "the method `oneshot` exists for struct `Retry<…>`, but its
+/// trait bounds were not satisfied", with the note "`Retry<…>: Service<_>`". Box the body as
+/// above; written as `Service::call(&mut svc, request)`, the same call makes rustc name the
+/// bound that fails.
 #[diagnostic::on_unimplemented(
     message = "the retry and hedge layers cannot replay a request body of type `{Self}`",
     label = "a request with this body cannot be sent more than once",

@@ -1,0 +1,54 @@
+// `ServiceExt::oneshot` on a retry layer whose request body cannot be replayed, the way the
+// README's gateway calls its upstream.
+
+use std::convert::Infallible;
+use std::future::{Ready, ready};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body::Frame;
+use tower::ServiceExt;
+use tower_retry_hedge::{BoxError, Policies, Retry};
+use tower_service::Service;
+
+/// A streaming upload, as a caller's own body type.
+struct Upload;
+
+impl http_body::Body for Upload {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        Poll::Ready(None)
+    }
+}
+
+#[derive(Clone)]
+struct Upstream;
+
+impl Service<Request<Upload>> for Upstream {
+    type Response = Response<()>;
+    type Error = Infallible;
+    type Future = Ready<Result<Response<()>, Infallible>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: Request<Upload>) -> Self::Future {
+        ready(Ok(Response::new(())))
+    }
+}
+
+async fn send(upstream: Retry<Upstream>) -> Result<Response<()>, BoxError> {
+    upstream.oneshot(Request::new(Upload)).await
+}
+
+fn main() {
+    drop(send(Retry::new(Upstream, Policies::builder().build())));
+}

@@ -1,0 +1,54 @@
+// `ready().await?.call()` on a hedge layer whose request body cannot be replayed, the way
+// tower's documentation drives a service.
+
+use std::convert::Infallible;
+use std::future::{Ready, ready};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body::Frame;
+use tower::ServiceExt;
+use tower_retry_hedge::{BoxError, Hedge, Policies};
+use tower_service::Service;
+
+/// A streaming upload, as a caller's own body type.
+struct Upload;
+
+impl http_body::Body for Upload {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        Poll::Ready(None)
+    }
+}
+
+#[derive(Clone)]
+struct Upstream;
+
+impl Service<Request<Upload>> for Upstream {
+    type Response = Response<()>;
+    type Error = Infallible;
+    type Future = Ready<Result<Response<()>, Infallible>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: Request<Upload>) -> Self::Future {
+        ready(Ok(Response::new(())))
+    }
+}
+
+async fn send(mut upstream: Hedge<Upstream>) -> Result<Response<()>, BoxError> {
+    upstream.ready().await?.call(Request::new(Upload)).await
+}
+
+fn main() {
+    drop(send(Hedge::new(Upstream, Policies::builder().build())));
+}
