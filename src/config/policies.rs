@@ -7,7 +7,7 @@ use crate::policy::{
     HedgePolicy, HedgePolicyBuilder, MethodPolicy, Policies, PoliciesBuilder, RetryPolicy,
     RetryPolicyBuilder,
 };
-use crate::throttle::Throttle;
+use crate::throttle::{HedgeBudget, Throttle};
 
 /// How [`ServiceConfig::policies_builder_with`] makes the layers' policies from a service
 /// config: the backoff jitter of retry policies, and (feature `retry-info`) whether every
@@ -198,7 +198,11 @@ impl ServiceConfig {
 /// The layer policy of one method config; a `timeout` alone gives its methods that deadline;
 /// `None` when it has neither a policy nor a timeout.
 fn method_policy(config: &MethodConfig, options: PolicyOptions) -> Option<MethodPolicy> {
+    let wait_for_ready = config.wait_for_ready() == Some(true);
     let Some(policy) = config.policy() else {
+        if wait_for_ready {
+            return Some(MethodPolicy::WaitForReady(config.timeout()));
+        }
         return config.timeout().map(MethodPolicy::Timeout);
     };
     let policy = match policy {
@@ -213,7 +217,8 @@ fn method_policy(config: &MethodConfig, options: PolicyOptions) -> Option<Method
             .ok()?;
             let builder = RetryPolicy::builder()
                 .max_attempts(retry.max_attempts())
-                .backoff(backoff);
+                .backoff(backoff)
+                .wait_for_ready(wait_for_ready);
             let mut builder = options.retryable(builder, retry.retryable_status_codes());
             if let Some(timeout) = config.timeout() {
                 builder = builder.timeout(timeout);
@@ -221,9 +226,13 @@ fn method_policy(config: &MethodConfig, options: PolicyOptions) -> Option<Method
             MethodPolicy::from(builder.build().ok()?)
         }
         ConfigPolicy::Hedging(hedging) => {
+            // Beyond A6: a budget on the extra load of hedges (see `HedgeBudget`), which
+            // `PoliciesBuilder::hedge_budget` changes or turns off.
             let builder = HedgePolicy::builder()
                 .max_attempts(hedging.max_attempts())
-                .delay(hedging.hedging_delay());
+                .delay(hedging.hedging_delay())
+                .wait_for_ready(wait_for_ready)
+                .budget(HedgeBudget::default());
             let mut builder = options.non_fatal(builder, hedging.non_fatal_status_codes());
             if let Some(timeout) = config.timeout() {
                 builder = builder.timeout(timeout);
@@ -392,5 +401,46 @@ mod tests {
             };
             assert_eq!(classify(&policy), plain, "{path}");
         }
+    }
+
+    #[test]
+    fn wait_for_ready_and_the_hedge_budget_reach_the_policies() {
+        let config = ServiceConfig::from_json(
+            r#"{"methodConfig": [
+              {"name": [{"service": "pkg.Waiting"}], "waitForReady": true, "timeout": "2s"},
+              {"name": [{"service": "pkg.Retried"}], "waitForReady": true,
+               "retryPolicy": {"maxAttempts": 2, "initialBackoff": "0.1s", "maxBackoff": "1s",
+                               "backoffMultiplier": 2, "retryableStatusCodes": [14]}},
+              {"name": [{"service": "pkg.Hedged"}],
+               "hedgingPolicy": {"maxAttempts": 3, "hedgingDelay": "0.01s"}}
+            ]}"#,
+        )
+        .unwrap();
+        let policies = config.policies();
+        let lookup = |path| policies.lookup(&Method::POST, path);
+        assert!(matches!(
+            lookup("/pkg.Waiting/M"),
+            Some(MethodPolicy::WaitForReady(Some(t))) if *t == Duration::from_secs(2)
+        ));
+        assert!(
+            matches!(lookup("/pkg.Retried/M"), Some(MethodPolicy::Retry(p)) if p.wait_for_ready)
+        );
+        let Some(MethodPolicy::Hedge(hedge)) = lookup("/pkg.Hedged/M") else {
+            panic!("a hedging policy")
+        };
+        assert!(
+            !hedge.wait_for_ready && hedge.budget.is_some(),
+            "the default budget"
+        );
+        // The table's switch turns it off.
+        let policies = config
+            .policies_builder_with(Jitter::GRPC)
+            .hedge_budget(None)
+            .build();
+        let Some(MethodPolicy::Hedge(hedge)) = policies.lookup(&Method::POST, "/pkg.Hedged/M")
+        else {
+            panic!("a hedging policy")
+        };
+        assert!(hedge.budget.is_none());
     }
 }
