@@ -27,16 +27,18 @@
 //!
 //! | kind | name | level | fields | what and when |
 //! |---|---|---|---|---|
-//! | span | `retry` | DEBUG | `path`, `http.request.resend_count` | a call through [`RetryLayer`](crate::RetryLayer); `http.request.resend_count` (the OpenTelemetry HTTP attribute) is recorded at each attempt after the first |
-//! | span | `hedge` | DEBUG | `path`, `http.request.resend_count` | a call through [`HedgeLayer`](crate::HedgeLayer), the same fields |
+//! | span | `retry` | DEBUG | `path`, `http.request.resend_count` | a call that [`RetryLayer`](crate::RetryLayer) drives (it met the call first); `http.request.resend_count` (the OpenTelemetry HTTP attribute) is recorded at each attempt after the first |
+//! | span | `hedge` | DEBUG | `path`, `http.request.resend_count` | a call that [`HedgeLayer`](crate::HedgeLayer) drives, the same fields |
 //! | span | `attempt` | DEBUG | `attempt`, `previous-rpc-attempts`, `transparent-retry`, `hedge`, `outcome` | one attempt, a child of its call's span (made only when that span is enabled), entered while the attempt is polled, closed when it ends; `outcome` is recorded then: `success`, `retryable`, `fatal`, `not sent`, `refused` (how the policy's classifier saw the answer), `timed out` (its per-attempt timeout), or `cancelled` (dropped unanswered: another attempt won, the deadline passed, or the caller dropped the call) |
 //! | event | `retrying` | DEBUG | `attempt`, `delay`, `reason` | a retry is scheduled: `attempt` will be sent after `delay`; `reason` is `backoff`, `pushback` (the server's delay, exactly) or `per-attempt timeout` (hedging on it: at once) |
 //! | event | `transparent retry` | DEBUG | `attempt`, `delay`, `reason` | `attempt` is resent transparently after `delay`; `reason` is `not sent` (it never left the client) or `refused` (it never reached the server's application) |
 //! | event | `hedge sent` | DEBUG | `attempt` | a hedge (a counted attempt while others may be in flight) was sent |
 //! | event | `next hedge` | DEBUG | `delay` | a hedge failed with a non-fatal code: the next one goes after `delay` (zero, or the server's pushback) |
-//! | event | `not retrying` | DEBUG | `attempt`, `reason` | no more attempts after a failure; `reason` is `pushback: stop`, `max attempts`, `committed`, `not idempotent`, `vetoed by on_retry`, `deadline` (the next attempt could not start before it) or `transparent retries exhausted` |
+//! | event | `not retrying` | DEBUG | `attempt`, `reason` | no more attempts after a failure; `reason` is `pushback: stop`, `max attempts`, `not replayable` (the body was committed or could only be sent once), `not idempotent`, `vetoed by on_retry`, `deadline` (the next attempt could not start before it) or `transparent retries exhausted` |
 //! | event | `pushback over the cap` | DEBUG | `delay` | the server asked for a `delay` longer than [`max_pushback`](crate::policy::PoliciesBuilder::max_pushback): taken as "do not retry" |
 //! | event | `throttled` | DEBUG | `attempt` | the throttle refused `attempt`, a retry or a hedge: no more attempts |
+//! | event | `hedge over budget` | DEBUG | `attempt` | the hedging policy's [`HedgeBudget`](crate::throttle::HedgeBudget) is spent: `attempt` is not sent, nor any later hedge of the call |
+//! | event | `lost the commit to another attempt` | DEBUG | `attempt` | `attempt` answered, but the request body had committed to another attempt first: its answer is dropped and that attempt goes on |
 //! | event | `committed` | DEBUG | `attempt`, `reason` | the call is committed to `attempt` (empty: to none still in flight) and no new attempt starts; `reason` is `success` or `fatal` (its answer is returned), `refused` (a second refusal the policy also saw as one), or `body` (the request body outgrew the replay buffer, failed, or could not be replayed) |
 //! | event | `per-attempt timeout` | DEBUG | `attempt` | `attempt` outlived its per-attempt timeout |
 //! | event | `deadline exceeded` | DEBUG | `attempts` | the call's deadline passed after `attempts` sends: it fails |
@@ -46,6 +48,7 @@
 //! | event | `request body has no such reader; not committed` | DEBUG | `reader` | [`ReplayBody::commit_to`](crate::body::ReplayBody::commit_to) was given an id it never gave out |
 //! | event | `request body too large to record for replay` | DEBUG | `size_hint.lower`, `per_call`, `available` | the body's size hint is over the buffer limits: it is sent once, as it is |
 //! | event | `balance: dropping an endpoint that failed` | DEBUG | `error` | (feature `balance`) a backend's service failed and left the balancer |
+//! | event | `service config: unknown fields ignored` | WARN | `count`, `keys` | (outside any call) a service config was parsed with keys gRPC does not define: `keys` names the first ten with their paths and near misses; [`ServiceConfig::ignored`](crate::ServiceConfig::ignored) lists them |
 //!
 //! To see them, enable `DEBUG` for the crate, for example with tracing-subscriber's
 //! `EnvFilter` and `RUST_LOG=tower_retry_hedge=debug`. An OpenTelemetry tracing bridge
