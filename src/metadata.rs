@@ -11,9 +11,11 @@
 //!   either switch turns it on; both are off by default, since the list costs an allocation
 //!   per call.
 //! - Responses: a call that made more than one attempt returns an [`Attempts`] extension
-//!   and, for gRPC, `grpc-previous-rpc-attempts` in the response headers (tonic exposes them
-//!   as response metadata). Like that header, the extension is absent after a single attempt,
-//!   which keeps the success path free of allocations; [`Attempts::of`] reads both cases.
+//!   and, for gRPC, the `grpc-previous-rpc-attempts` of the attempt the response came from
+//!   (transparent retries excluded, as on the request) in the response headers (tonic exposes
+//!   them as response metadata). Like that header, the extension is absent after a single
+//!   attempt, which keeps the success path free of allocations; [`Attempts::of`] reads both
+//!   cases. Errors carry the count in [`Attempted`](crate::error::Attempted), always.
 //!
 //! ```
 //! use tower_retry_hedge::metadata::Attempts;

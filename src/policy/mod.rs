@@ -9,7 +9,10 @@
 //! - HTTP routes by method and path prefix, in the order they were added;
 //! - then a default, if one is set.
 //!
-//! A request that matches nothing passes through the layers untouched.
+//! A request that matches nothing still gets A6's transparent retries (and credits the
+//! throttle when it succeeds), unless the table turns them off
+//! ([`PoliciesBuilder::transparent_retries`]); then, with no throttle either, it passes
+//! through the layers untouched.
 //!
 //! The table also holds what every call through a layer shares: the retry throttle (one per
 //! layer, one shared by several layers, or one per authority), the replay-buffer limits, the
