@@ -15,6 +15,7 @@ use tonic::transport::{Channel, Endpoint};
 use tower::{Service, ServiceBuilder};
 use tower_retry_hedge::backoff::{Exponential, Jitter};
 use tower_retry_hedge::classify::{self, GrpcCodes};
+use tower_retry_hedge::error::Attempted;
 use tower_retry_hedge::metadata::Attempts;
 use tower_retry_hedge::{MethodPolicy, Policies, RetryLayer, RetryPolicy};
 
@@ -96,7 +97,12 @@ async fn without_a_policy_nothing_listening_fails_at_once_with_unavailable() {
     let (status, sends) = call_nothing(Policies::builder().build(), None).await;
     assert_eq!(status.code(), Code::Unavailable, "{status:?}");
     assert_eq!(sends, [Duration::ZERO], "one send, the error at once");
-    assert_eq!(Attempts::of_error(&status), Attempts::new(1, 0));
+    // One error rule: even after a single attempt, the layer's error is an `Attempted`,
+    // which tonic keeps as the status's source.
+    let attempted = std::iter::successors(std::error::Error::source(&status), |e| e.source())
+        .find_map(|e| e.downcast_ref::<Attempted>())
+        .expect("an Attempted in the status's chain");
+    assert_eq!(attempted.attempts(), Attempts::new(1, 0));
 }
 
 #[tokio::test(start_paused = true)]
