@@ -27,9 +27,19 @@
 //! (`--scale 10`), so that tokio's whole-millisecond timers keep a 0.1 ms resolution; every
 //! figure is in model time.
 //!
+//! With `--loopback` (and `--features tonic-transport`) it runs real tonic servers on
+//! 127.0.0.1 instead: three, one answering every call UNAVAILABLE, behind tonic's
+//! `Channel::balance_list` and `balance::BalancedChannel`, under the retry layer (3 attempts,
+//! the README's quick-start backoff and throttle `{10, 0.1}`); 2 000 calls, 16 at a time, a
+//! few runs of each. Printed per balancer: failed calls, those among the first 100, and the
+//! share of first attempts (requests without `grpc-previous-rpc-attempts`) that reached the
+//! dead server, in all and from call 200 on; medians and ranges over the runs.
+//!
 //! ```text
 //! cargo run --release --features balance --example several_backends -- \
 //!     [--hedge-calls N] [--retry-calls N] [--seed N] [--scale N]
+//! cargo run --release --features tonic-transport --example several_backends -- \
+//!     --loopback [--loopback-calls N] [--concurrency N] [--runs N]
 //! ```
 
 #[path = "support/common.rs"]
@@ -378,8 +388,19 @@ async fn retry_rows(calls: usize, seed: u64, scale: Scale) -> Result<Vec<Vec<Str
 fn main() -> Result<(), BoxError> {
     let mut cli = Cli::new(
         "several_backends",
-        "[--hedge-calls N] [--retry-calls N] [--seed N] [--scale N]",
+        "[--hedge-calls N] [--retry-calls N] [--seed N] [--scale N] \
+         | --loopback [--loopback-calls N] [--concurrency N] [--runs N]",
     );
+    if cli.flag("--loopback") {
+        let calls: u32 = cli.value("--loopback-calls", 2_000);
+        let concurrency: usize = cli.value("--concurrency", 16);
+        let runs: usize = cli.value("--runs", 5);
+        if calls <= loopback::LATE_FROM || concurrency == 0 || runs == 0 {
+            cli.fail("--loopback-calls must be above 200, --concurrency and --runs at least 1");
+        }
+        cli.finish();
+        return loopback::main(calls, concurrency, runs);
+    }
     let hedge_calls: usize = cli.value("--hedge-calls", 100_000);
     let retry_calls: usize = cli.value("--retry-calls", 10_000);
     let seed: u64 = cli.value("--seed", 1);
@@ -410,4 +431,370 @@ fn main() -> Result<(), BoxError> {
     let rows = runtime.block_on(retry_rows(retry_calls, seed, scale))?;
     print_table(&["balancer", "failed per 10 000", "attempts/call"], &rows);
     Ok(())
+}
+
+/// Over loopback: three tonic servers on 127.0.0.1, one answering every call `UNAVAILABLE`,
+/// behind tonic's `Channel::balance_list` and `balance::BalancedChannel`, under the retry
+/// layer with the README's quick-start throttle.
+#[cfg(feature = "tonic-transport")]
+mod loopback {
+    use std::collections::HashSet;
+    use std::net::SocketAddr;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::{Arc, Mutex, PoisonError};
+    use std::time::{Duration, Instant};
+
+    use tokio::net::TcpListener;
+    use tokio::sync::oneshot;
+    use tokio::task::JoinHandle;
+    use tokio_stream::wrappers::TcpListenerStream;
+    use tonic::transport::{Channel, Endpoint, Server};
+    use tonic::{Request, Response, Status, Streaming};
+    use tower::{BoxError, Layer};
+    use tower_retry_hedge::backoff::Exponential;
+    use tower_retry_hedge::balance::BalancedChannel;
+    use tower_retry_hedge::classify::{Code, GrpcCodes};
+    use tower_retry_hedge::{Policies, RetryLayer, RetryPolicy, Throttle};
+
+    use super::common::{print_table, quantile};
+    use pb::echo_client::EchoClient;
+    use pb::echo_server::{Echo, EchoServer};
+    use pb::{Chunk, Digest, EchoReply, EchoRequest};
+
+    /// Code generated from `tests/proto/echo.proto` (package `test.echo`).
+    #[allow(
+        clippy::all,
+        clippy::pedantic,
+        missing_docs,
+        unreachable_pub,
+        dead_code
+    )]
+    mod pb {
+        include!("../tests/common/pb/test.echo.rs");
+    }
+
+    const SERVICE: &str = "test.echo.Echo";
+    /// Calls from this one on are "late": the balancer has had 200 calls to learn.
+    pub(super) const LATE_FROM: u32 = 200;
+    /// Calls before this one are "early" for the failure count.
+    const EARLY_BEFORE: u32 = 100;
+
+    type Stream = tokio_stream::Iter<std::vec::IntoIter<Result<EchoReply, Status>>>;
+
+    /// A backend that answers OK, or `UNAVAILABLE` when `dead`, and notes the calls whose
+    /// first attempt it received (a request without `grpc-previous-rpc-attempts`).
+    #[derive(Clone)]
+    struct Backend {
+        dead: bool,
+        first: Arc<Mutex<HashSet<u32>>>,
+        attempts: Arc<AtomicU32>,
+    }
+
+    #[tonic::async_trait]
+    impl Echo for Backend {
+        async fn unary(
+            &self,
+            request: Request<EchoRequest>,
+        ) -> Result<Response<EchoReply>, Status> {
+            self.attempts.fetch_add(1, Ordering::Relaxed);
+            let first = request
+                .metadata()
+                .get("grpc-previous-rpc-attempts")
+                .is_none();
+            let request = request.into_inner();
+            if first {
+                self.first
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .insert(request.call);
+            }
+            if self.dead {
+                return Err(Status::unavailable("backend down"));
+            }
+            Ok(Response::new(EchoReply {
+                message: request.message,
+                payload: Vec::new(),
+                attempt: 0,
+            }))
+        }
+
+        async fn client_stream(
+            &self,
+            _request: Request<Streaming<Chunk>>,
+        ) -> Result<Response<Digest>, Status> {
+            Err(Status::unimplemented("unary only"))
+        }
+
+        type ServerStreamStream = Stream;
+
+        async fn server_stream(
+            &self,
+            _request: Request<EchoRequest>,
+        ) -> Result<Response<Stream>, Status> {
+            Err(Status::unimplemented("unary only"))
+        }
+    }
+
+    struct Peer {
+        addr: SocketAddr,
+        backend: Backend,
+        shutdown: oneshot::Sender<()>,
+        task: JoinHandle<Result<(), tonic::transport::Error>>,
+    }
+
+    impl Peer {
+        async fn spawn(dead: bool) -> Result<Peer, BoxError> {
+            let listener = TcpListener::bind("127.0.0.1:0").await?;
+            let addr = listener.local_addr()?;
+            let backend = Backend {
+                dead,
+                first: Arc::default(),
+                attempts: Arc::default(),
+            };
+            let (shutdown, signal) = oneshot::channel::<()>();
+            let task = tokio::spawn(
+                Server::builder()
+                    .tcp_nodelay(true)
+                    .add_service(EchoServer::new(backend.clone()))
+                    .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
+                        let _ = signal.await;
+                    }),
+            );
+            Ok(Peer {
+                addr,
+                backend,
+                shutdown,
+                task,
+            })
+        }
+
+        fn endpoint(&self) -> Result<Endpoint, BoxError> {
+            Ok(Endpoint::from_shared(format!("http://{}", self.addr))?.tcp_nodelay(true))
+        }
+
+        async fn stop(self) -> Result<(), BoxError> {
+            let _ = self.shutdown.send(());
+            self.task.await??;
+            Ok(())
+        }
+    }
+
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    enum Balancer {
+        Tonic,
+        Ours,
+    }
+
+    impl Balancer {
+        fn name(self) -> &'static str {
+            match self {
+                Balancer::Tonic => "tonic Channel::balance_list",
+                Balancer::Ours => "balance::BalancedChannel",
+            }
+        }
+    }
+
+    /// What one run gave.
+    struct Run {
+        failed: usize,
+        failed_early: usize,
+        first_on_dead: usize,
+        first_on_dead_late: usize,
+        attempts: u32,
+        elapsed: Duration,
+    }
+
+    /// The README's quick start with `maxAttempts` 3: 0.1 s, ×2, at most 1 s, ±20 %;
+    /// throttle {10, 0.1}; each call records the backends it tried.
+    fn policies() -> Result<Policies, BoxError> {
+        let policy = RetryPolicy::builder()
+            .max_attempts(3)
+            .backoff(Exponential::grpc(
+                Duration::from_millis(100),
+                Duration::from_secs(1),
+                2.0,
+            )?)
+            .retryable(GrpcCodes::from([Code::Unavailable]))
+            .build()?;
+        Ok(Policies::builder()
+            .service(SERVICE, policy)
+            .throttle(Throttle::new(10, 0.1)?)
+            .track_backends(true)
+            .build())
+    }
+
+    async fn run(balancer: Balancer, calls: u32, concurrency: usize) -> Result<Run, BoxError> {
+        let peers = [
+            Peer::spawn(true).await?,
+            Peer::spawn(false).await?,
+            Peer::spawn(false).await?,
+        ];
+        let endpoints = peers
+            .iter()
+            .map(Peer::endpoint)
+            .collect::<Result<Vec<_>, _>>()?;
+        let layer = RetryLayer::new(policies()?);
+        let started = Instant::now();
+        let outcomes = match balancer {
+            Balancer::Tonic => {
+                let channel = Channel::balance_list(endpoints.into_iter());
+                drive(EchoClient::new(layer.layer(channel)), calls, concurrency).await?
+            }
+            Balancer::Ours => {
+                let channel = BalancedChannel::balance_list(endpoints);
+                drive(EchoClient::new(layer.layer(channel)), calls, concurrency).await?
+            }
+        };
+        let elapsed = started.elapsed();
+        let failed: Vec<u32> = outcomes
+            .iter()
+            .filter(|(_, ok)| !ok)
+            .map(|(call, _)| *call)
+            .collect();
+        let dead = &peers[0].backend;
+        let (first_on_dead, first_on_dead_late) = {
+            let first = dead.first.lock().unwrap_or_else(PoisonError::into_inner);
+            (
+                first.len(),
+                first.iter().filter(|&&c| c >= LATE_FROM).count(),
+            )
+        };
+        let attempts = peers
+            .iter()
+            .map(|p| p.backend.attempts.load(Ordering::Relaxed))
+            .sum();
+        for peer in peers {
+            peer.stop().await?;
+        }
+        Ok(Run {
+            failed: failed.len(),
+            failed_early: failed.iter().filter(|&&c| c < EARLY_BEFORE).count(),
+            first_on_dead,
+            first_on_dead_late,
+            attempts,
+            elapsed,
+        })
+    }
+
+    /// Calls `0..calls`, `concurrency` at a time; each call's number and whether it was OK.
+    async fn drive<S>(
+        client: EchoClient<S>,
+        calls: u32,
+        concurrency: usize,
+    ) -> Result<Vec<(u32, bool)>, BoxError>
+    where
+        EchoClient<S>: Clone + Send + 'static,
+        S: tonic::client::GrpcService<tonic::body::Body> + Send + 'static,
+        S::Future: Send,
+        S::Error: Into<BoxError>,
+        S::ResponseBody: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+        <S::ResponseBody as http_body::Body>::Error: Into<BoxError> + Send,
+    {
+        let next = Arc::new(AtomicU32::new(0));
+        let mut workers = Vec::new();
+        for _ in 0..concurrency {
+            let (next, mut client) = (Arc::clone(&next), client.clone());
+            workers.push(tokio::spawn(async move {
+                let mut outcomes = Vec::new();
+                loop {
+                    let call = next.fetch_add(1, Ordering::Relaxed);
+                    if call >= calls {
+                        return outcomes;
+                    }
+                    let request = EchoRequest {
+                        message: "hello".into(),
+                        payload: Vec::new(),
+                        call,
+                    };
+                    outcomes.push((call, client.unary(request).await.is_ok()));
+                }
+            }));
+        }
+        let mut outcomes = Vec::new();
+        for worker in workers {
+            outcomes.extend(worker.await?);
+        }
+        Ok(outcomes)
+    }
+
+    fn median(values: &mut [f64]) -> f64 {
+        values.sort_by(f64::total_cmp);
+        quantile(values, 0.5)
+    }
+
+    pub(super) fn main(calls: u32, concurrency: usize, runs: usize) -> Result<(), BoxError> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?;
+        let late = f64::from(calls - LATE_FROM);
+        let mut rows = Vec::new();
+        for balancer in [Balancer::Tonic, Balancer::Ours] {
+            let mut results = Vec::new();
+            for _ in 0..runs {
+                let run = runtime.block_on(run(balancer, calls, concurrency))?;
+                println!(
+                    "{}: {} failed ({} of the first {EARLY_BEFORE}), first attempts on the dead \
+                     backend {} ({} of calls {LATE_FROM}..{calls}), {:.3} attempts/call, {:.2?}",
+                    balancer.name(),
+                    run.failed,
+                    run.failed_early,
+                    run.first_on_dead,
+                    run.first_on_dead_late,
+                    f64::from(run.attempts) / f64::from(calls),
+                    run.elapsed,
+                );
+                results.push(run);
+            }
+            let column = |f: &dyn Fn(&Run) -> f64| {
+                let mut values: Vec<f64> = results.iter().map(f).collect();
+                let (min, max) = values
+                    .iter()
+                    .fold((f64::MAX, f64::MIN), |(lo, hi), &v| (lo.min(v), hi.max(v)));
+                (median(&mut values), min, max)
+            };
+            let cell = |(median, min, max): (f64, f64, f64), digits: usize| {
+                format!("{median:.digits$} ({min:.digits$}-{max:.digits$})")
+            };
+            rows.push(vec![
+                balancer.name().to_string(),
+                cell(column(&|r| r.failed as f64), 0),
+                cell(column(&|r| r.failed_early as f64), 0),
+                cell(
+                    column(&|r| 100.0 * r.first_on_dead as f64 / f64::from(calls)),
+                    1,
+                ),
+                cell(column(&|r| 100.0 * r.first_on_dead_late as f64 / late), 1),
+                cell(column(&|r| f64::from(r.attempts) / f64::from(calls)), 3),
+            ]);
+        }
+        println!(
+            "\n{calls} calls, {concurrency} at a time, over loopback to 3 tonic servers, one \
+             always UNAVAILABLE; retry maxAttempts 3 (0.1 s, x2, at most 1 s), throttle {{10, \
+             0.1}}; medians of {runs} runs (min-max)"
+        );
+        print_table(
+            &[
+                "balancer",
+                "failed calls",
+                &format!("failed of first {EARLY_BEFORE}"),
+                "first attempts on dead",
+                &format!("same, calls {LATE_FROM}.."),
+                "attempts/call",
+            ],
+            &rows,
+        );
+        Ok(())
+    }
+}
+
+#[cfg(not(feature = "tonic-transport"))]
+mod loopback {
+    use tower::BoxError;
+
+    pub(super) const LATE_FROM: u32 = 200;
+
+    pub(super) fn main(_calls: u32, _concurrency: usize, _runs: usize) -> Result<(), BoxError> {
+        Err("--loopback runs tonic servers: build with --features tonic-transport".into())
+    }
 }
