@@ -61,7 +61,7 @@ use tower::load::{CompleteOnResponse, Constant, PendingRequests};
 use tower::util::BoxCloneService;
 use tower::{BoxError, Layer, Service, ServiceExt};
 use tower_retry_hedge::backoff::Exponential;
-use tower_retry_hedge::balance::Balance;
+use tower_retry_hedge::balance::{Balance, ResponseBody};
 use tower_retry_hedge::classify::{Code, GrpcCodes};
 use tower_retry_hedge::policy::PoliciesBuilder;
 use tower_retry_hedge::{HedgeLayer, HedgePolicy, Policies, RetryLayer, RetryPolicy};
@@ -211,13 +211,16 @@ impl Balancer {
                     .map(|b| PendingRequests::new(b.clone(), CompleteOnResponse::default()));
                 let balance =
                     Balance::with_seed(ServiceList::new(endpoints.collect::<Vec<_>>()), seed);
-                BoxCloneService::new(Buffer::new(balance, BUFFER))
+                // The simulated answers are Trailers-Only: the balancer judged them on their
+                // headers, and their bodies have nothing more to tell it.
+                let balanced = Buffer::new(balance, BUFFER)
+                    .map_response(|response| response.map(ResponseBody::into_inner));
+                BoxCloneService::new(balanced)
             }
         }
     }
 
-    /// A policy table that keeps the call's record when this is `Ours`. Left unset, the switch
-    /// would be on for every balancer here, since this process makes `Balance`s.
+    /// A policy table that keeps the call's record when this is `Ours`.
     fn policies(self) -> PoliciesBuilder {
         Policies::builder().track_backends(self == Balancer::Ours)
     }

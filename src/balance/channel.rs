@@ -20,7 +20,7 @@ use tower::load::pending_requests::Handle;
 use tower::load::{CompleteOnResponse, PendingRequests};
 use tower_service::Service;
 
-use super::{Balance, ResponseFuture};
+use super::{Balance, OutlierDetection, Outliers, ResponseBody, ResponseFuture};
 use crate::BoxError;
 
 /// The requests of tonic's generated clients.
@@ -54,6 +54,11 @@ const BUFFER_CAPACITY: usize = 1024;
 /// flight on it, until their response headers. tonic's balancer gives every endpoint the same
 /// load, so its pick is uniform.
 ///
+/// Outlier detection is on, with [`OutlierDetection::default()`]: a backend that keeps failing
+/// is ejected for a while, and recent failures weigh the choice (see the
+/// [module docs](super#outlier-detection)). [`BalancedChannel::builder`] sets other knobs;
+/// [`outliers`](BalancedChannel::outliers) shows who is out.
+///
 /// # Why a buffer
 ///
 /// The retry and hedge layers clone their inner service for a call's later attempts, and
@@ -69,11 +74,14 @@ const BUFFER_CAPACITY: usize = 1024;
 #[derive(Clone)]
 pub struct BalancedChannel {
     buffer: Buffer<Request, BalanceFuture>,
+    outliers: Outliers,
 }
 
 impl fmt::Debug for BalancedChannel {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("BalancedChannel").finish_non_exhaustive()
+        f.debug_struct("BalancedChannel")
+            .field("outliers", &self.outliers)
+            .finish_non_exhaustive()
     }
 }
 
@@ -83,6 +91,93 @@ impl BalancedChannel {
     ///
     /// [`BackendId`]: crate::metadata::BackendId
     pub fn balance_list(endpoints: impl IntoIterator<Item = Endpoint>) -> Self {
+        BalancedChannel::builder().balance_list(endpoints)
+    }
+
+    /// Balances over the endpoints inserted into the returned sender, until they are removed:
+    /// a channel of `capacity` changes, each endpoint known by its key `K` (its
+    /// [`BackendId`] is `BackendId::of(&key)`; events name it as `Debug` writes it). Inserting
+    /// a key again replaces its endpoint once the new one is ready, and keeps what the
+    /// balancer learned of it. Dropping the sender keeps the endpoints as they are.
+    ///
+    /// [`BackendId`]: crate::metadata::BackendId
+    pub fn balance_channel<K>(capacity: usize) -> (Self, mpsc::Sender<Change<K, Endpoint>>)
+    where
+        K: Hash + Eq + Clone + fmt::Debug + Send + 'static,
+    {
+        BalancedChannel::builder().balance_channel(capacity)
+    }
+
+    /// A builder for a channel with other settings than the defaults.
+    ///
+    /// ```no_run
+    /// # async fn example() -> Result<(), tower_retry_hedge::BoxError> {
+    /// use std::time::Duration;
+    /// use tonic::transport::Endpoint;
+    /// use tower_retry_hedge::balance::{BalancedChannel, OutlierDetection};
+    ///
+    /// let detection = OutlierDetection::builder()
+    ///     .base_ejection_time(Duration::from_secs(10))
+    ///     .build()?;
+    /// let endpoints = ["http://10.0.0.1:50051", "http://10.0.0.2:50051"].map(Endpoint::from_static);
+    /// let channel = BalancedChannel::builder()
+    ///     .outlier_detection(detection)
+    ///     .balance_list(endpoints);
+    /// # let _ = channel;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn builder() -> BalancedChannelBuilder {
+        BalancedChannelBuilder {
+            outlier_detection: OutlierDetection::default(),
+        }
+    }
+
+    /// A view of the backends the channel's outlier detection ejected, shared with the
+    /// balancer.
+    ///
+    /// ```no_run
+    /// # async fn example(channel: tower_retry_hedge::balance::BalancedChannel) {
+    /// for ejection in channel.outliers().ejected() {
+    ///     println!("{} is out until {:?} ({})", ejection.key, ejection.until, ejection.reason);
+    /// }
+    /// # }
+    /// ```
+    pub fn outliers(&self) -> Outliers {
+        self.outliers.clone()
+    }
+}
+
+/// Builds a [`BalancedChannel`] with other settings than the defaults; see
+/// [`BalancedChannel::builder`].
+///
+/// ```no_run
+/// # async fn example() {
+/// use tonic::transport::Endpoint;
+/// use tower_retry_hedge::balance::{BalancedChannel, OutlierDetection};
+///
+/// // The balancer as it was before outlier detection: the calls' records alone.
+/// let (channel, changes) = BalancedChannel::builder()
+///     .outlier_detection(OutlierDetection::disabled())
+///     .balance_channel::<&'static str>(16);
+/// # let _ = (channel, changes);
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct BalancedChannelBuilder {
+    outlier_detection: OutlierDetection,
+}
+
+impl BalancedChannelBuilder {
+    /// The outlier detection ([`OutlierDetection::default()`] unless set);
+    /// [`OutlierDetection::disabled()`] turns it off.
+    pub fn outlier_detection(mut self, config: OutlierDetection) -> Self {
+        self.outlier_detection = config;
+        self
+    }
+
+    /// As [`BalancedChannel::balance_list`].
+    pub fn balance_list(self, endpoints: impl IntoIterator<Item = Endpoint>) -> BalancedChannel {
         let changes: Vec<Result<_, Infallible>> = endpoints
             .into_iter()
             .map(|endpoint| {
@@ -92,33 +187,34 @@ impl BalancedChannel {
                 ))
             })
             .collect();
-        Self::new(futures_util::stream::iter(changes))
+        self.build(futures_util::stream::iter(changes))
     }
 
-    /// Balances over the endpoints inserted into the returned sender, until they are removed:
-    /// a channel of `capacity` changes, each endpoint known by its key `K` (its
-    /// [`BackendId`] is `BackendId::of(&key)`). Inserting a key again replaces its endpoint
-    /// once the new one is ready. Dropping the sender keeps the endpoints as they are.
-    ///
-    /// [`BackendId`]: crate::metadata::BackendId
-    pub fn balance_channel<K>(capacity: usize) -> (Self, mpsc::Sender<Change<K, Endpoint>>)
+    /// As [`BalancedChannel::balance_channel`].
+    pub fn balance_channel<K>(
+        self,
+        capacity: usize,
+    ) -> (BalancedChannel, mpsc::Sender<Change<K, Endpoint>>)
     where
-        K: Hash + Eq + Clone + Send + 'static,
+        K: Hash + Eq + Clone + fmt::Debug + Send + 'static,
     {
         let (sender, receiver) = mpsc::channel(capacity);
-        (Self::new(Changes { receiver }), sender)
+        (self.build(Changes { receiver }), sender)
     }
 
-    fn new<K, D>(discover: D) -> Self
+    fn build<K, D>(self, discover: D) -> BalancedChannel
     where
-        K: Hash + Eq + Clone + Send + 'static,
+        K: Hash + Eq + Clone + fmt::Debug + Send + 'static,
         D: Stream<Item = Result<TowerChange<K, EndpointService>, Infallible>>
             + Unpin
             + Send
             + 'static,
     {
+        let balance = Balance::new(discover).outlier_detection(self.outlier_detection);
+        let outliers = balance.outliers();
         BalancedChannel {
-            buffer: Buffer::new(Balance::new(discover), BUFFER_CAPACITY),
+            buffer: Buffer::new(balance, BUFFER_CAPACITY),
+            outliers,
         }
     }
 }
@@ -180,6 +276,18 @@ impl Future for ChannelFuture {
     type Output = Result<http::Response<Body>, BoxError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.project().inner.poll(cx)
+        let response = ready!(self.project().inner.poll(cx))?;
+        Poll::Ready(Ok(response.map(into_tonic)))
+    }
+}
+
+/// tonic's body: the endpoint's own when the balancer has nothing more to learn from it, else
+/// the body that reads its trailers, boxed.
+fn into_tonic(mut body: ResponseBody<Body>) -> Body {
+    body.settle_if_ended();
+    if body.is_watched() {
+        Body::new(body)
+    } else {
+        body.into_inner()
     }
 }

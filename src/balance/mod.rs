@@ -1,5 +1,5 @@
-//! A load balancer that sends each attempt of a call to a backend the call has not tried
-//! (feature `balance`).
+//! A load balancer that sends each attempt of a call to a backend the call has not tried, and
+//! stops sending attempts to a backend that keeps failing (feature `balance`).
 //!
 //! A retry that lands on the backend that just failed, or a hedge sent to the backend the
 //! first attempt is stuck on, buys nothing. tower's `p2c::Balance` and tonic's
@@ -7,6 +7,13 @@
 //! attempts of a call all land on the dead one once in 27 calls. [`Balance`] reads the call's
 //! [`TriedBackends`] record and draws only among the endpoints the call has not tried (Envoy's
 //! `previous_hosts` retry predicate; grpc-java passes each attempt through its picker again).
+//!
+//! The record saves the calls whose first attempt reached a dead backend, but not what they
+//! cost: the first attempt is spent, and the retry throttle is debited. A backend that fails
+//! fast holds the fewest requests in flight, so power of two choices on load even favours it
+//! (a third to over 40 % of the first attempts over three backends), and under gRFC A6's
+//! throttle `{10, 0.1}` the bucket drains and calls fail. So the balancer also learns from
+//! each answer, and ejects outliers (see [Outlier detection](#outlier-detection)).
 //!
 //! # How it picks
 //!
@@ -17,12 +24,16 @@
 //! balancer. For each request:
 //!
 //! 1. Without a [`TriedBackends`] extension: power of two choices on load among the ready
-//!    endpoints (two drawn at random, the less loaded one takes the request), as tower's
-//!    `p2c::Balance` does.
-//! 2. With one: the same, drawn only among the ready endpoints whose [`BackendId`] the record
-//!    does not hold; when every ready endpoint was tried, among all of them. Then the id of
+//!    endpoints in rotation (two drawn at random, the less loaded one takes the request), as
+//!    tower's `p2c::Balance` does, with recent failures weighed in (below).
+//! 2. With one: the same, drawn only among the endpoints in rotation whose [`BackendId`] the
+//!    record does not hold; when every one was tried, among all of them. Then the id of
 //!    the endpoint picked is added to the record, which every attempt of the call shares, so
 //!    the next attempt avoids it.
+//!
+//! *In rotation* means not ejected by the outlier detection; when every ready endpoint is
+//! ejected (which the detection never does to every known one, but some may not be ready),
+//! all ready endpoints are in rotation rather than none.
 //!
 //! An endpoint's id is [`BackendId::of`] its discovery key (for [`BalancedChannel`], the
 //! endpoint's URI, or the key of its [`Change`](tonic::transport::channel::Change)).
@@ -30,6 +41,73 @@
 //! The choice is among *ready* endpoints: an untried endpoint that is not ready (its
 //! connection is being set up, or its buffer is full) is passed over in favour of a tried one
 //! that is, rather than holding the attempt back. tonic channels are ready at once.
+//!
+//! # Outlier detection
+//!
+//! On by default ([`OutlierDetection::default()`]; [`Balance::outlier_detection`] and
+//! [`BalancedChannel::builder`] set other knobs, [`OutlierDetection::disabled()`] none). The
+//! balancer learns each backend's outcomes, classified as the layers classify attempts:
+//!
+//! - the `grpc-status` of a Trailers-Only response (status in the headers), or, for a gRPC
+//!   response that has begun, the `grpc-status` of its trailers, read as the body passes
+//!   through a [`ResponseBody`] (a body dropped before its end counts for nothing);
+//! - without a gRPC status, HTTP 5xx and 429 fail and anything else succeeds;
+//! - an error of the endpoint's service (a transport error) fails.
+//!
+//! A gRPC status fails when it is in [`failure_codes`](OutlierDetectionBuilder::failure_codes)
+//! ([`DEFAULT_FAILURE_CODES`]: the codes whose HTTP mapping is a 5xx or 429, as Envoy counts
+//! gRPC answers; gRFC A50 counts every code but `OK`). Then:
+//!
+//! - **Recent failures weigh the choice.** Of the two endpoints drawn, the less loaded one
+//!   keeps the request with probability `w / w'` when its weight `w` is below the other's
+//!   `w'`, and leaves it to the other otherwise. A backend's weight is the lower of
+//!   `((s + 1) / (f + s + 1))²`, of its recent successes `s` and failures `f`, and
+//!   `1 / (1 + r)²`, of its run `r` of failures since its last success (up to 9); all fade by
+//!   half every [`failure_half_life`](OutlierDetectionBuilder::failure_half_life) (2 s). One
+//!   failure costs a backend three quarters of the draws it would win on load, five in a row
+//!   35 in 36: a backend that fails fast no longer looks least loaded, before any ejection.
+//!   The weight multiplies a probability rather than the load, so it works with any
+//!   [`Load`] metric (`PeakEwma`'s as `PendingRequests`'), and with every weight at 1 the
+//!   pick is tower's, draw for draw.
+//! - **A run of failures ejects at once** (Envoy's `consecutive_5xx`):
+//!   [`consecutive_failures`](OutlierDetectionBuilder::consecutive_failures) (5) answers in a
+//!   row, if another backend in rotation does well (its recent successes outnumber its
+//!   failures: a run of failures everywhere is no outlier).
+//! - **gRFC A50's algorithms run each [`interval`](OutlierDetectionBuilder::interval)** (1 s)
+//!   over the answers of the interval that ended: failure percentage (a backend with at least
+//!   `request_volume` answers, more than `threshold` % failed) and success rate (a backend
+//!   whose success rate is below `mean − stdev × stdev_factor / 1000`), each ejecting with
+//!   probability `enforcement_percentage` %.
+//! - **An ejection lasts** `base_ejection_time × times ejected`, at most
+//!   `max(base_ejection_time, max_ejection_time)` (30 s and 300 s); "times ejected" drops by
+//!   one each interval the backend stays in rotation, as in A50.
+//! - **At most [`max_ejection_percent`](OutlierDetectionBuilder::max_ejection_percent) % of
+//!   the known backends are out at once** (10 %), but one may always be (as Envoy allows, so
+//!   that one dead backend of three is ejected), and never all of them: with every backend
+//!   failing, calls fail as they would without the balancer.
+//! - **A backend comes back** at the balancer's first call after its ejection time (A50 waits
+//!   for the next interval), on probation: weighed as after one failure, a quarter of its
+//!   draws, until it answers well and earns its full share back.
+//!
+//! The detection runs on tokio's clock, inside `poll_ready`: there is no timer task, and a
+//! paused clock drives it as it drives the rest.
+//!
+//! Why these defaults: A50's interval (10 s) and minimum hosts (5) never eject one backend of
+//! three, and a balancer that waits for an interval sends attempts to a dead backend for
+//! seconds; under the A6 throttle `{10, 0.1}` the bucket is spent after five failures. The run
+//! of five failures ejects a dead backend within the first few calls it takes (over loopback,
+//! the first burst of concurrent calls), the weights keep it from taking more meanwhile, and
+//! the 1 s interval with a failure percentage over three hosts and 10 answers ejects a backend
+//! that fails most calls but not every one in a row. The ejection times and the 10 % share are
+//! A50's. [`OutlierDetection::from_json`] reads gRPC's `outlier_detection_experimental`
+//! config, with A50's defaults for what it leaves out.
+//!
+//! It shows: each ejection is a `tracing` event at `WARN` (`balance: backend ejected`, with
+//! the backend's key, its id, the reason, its failure rate, the ejection time and how many
+//! times in a row), each return one at `INFO`; [`Balance::outliers`] and
+//! [`BalancedChannel::outliers`] give an [`Outliers`] view of who is out and how many
+//! ejections there were; with the `opentelemetry` feature, [`OutlierMetrics`] counts
+//! ejections with the names of gRFC A91.
 //!
 //! # Turning the record on
 //!
@@ -158,30 +236,54 @@
 //!   ([`throttle_per_authority`](crate::policy::PoliciesBuilder::throttle_per_authority)): the
 //!   layers read the authority of the request *above* the balancer, the name of the service,
 //!   not of a backend, so one bucket counts the failures of the whole backend set, as gRFC A6
-//!   asks ("per server name"). The bucket still counts every failure of a bad backend: one
-//!   that fails every call drains the bucket all backends share, and the throttle then stops
-//!   retries to the healthy ones too.
-//! - **Ejection is out of scope**: a backend that fails is avoided by the calls that tried it,
-//!   not by the others. Take a backend that keeps failing out of the discovery stream (or use
-//!   an outlier detector below). An endpoint whose `poll_ready` fails is dropped, as tower's
-//!   balancer drops it, until discovery inserts it again.
+//!   asks ("per server name"). The bucket counts every failure of a bad backend: without
+//!   outlier detection, one that fails every call drains the bucket all backends share, and
+//!   the throttle then stops retries to the healthy ones too. With it, the bad backend takes
+//!   a few attempts before it is out.
+//! - **Discovery**: an endpoint whose `poll_ready` fails is dropped, as tower's balancer drops
+//!   it, until discovery inserts it again; one discovery removes is forgotten, ejection and
+//!   all. An endpoint inserted again under its key keeps what the balancer learned of it.
+//! - **The response type**: [`Balance`] answers `http::Response<ResponseBody<B>>` for an
+//!   endpoint's `http::Response<B>` (the body unchanged, read through);
+//!   [`BalancedChannel`] answers tonic's `http::Response<tonic::body::Body>` as before.
 
+mod body;
+mod detector;
+mod health;
+#[cfg(feature = "opentelemetry")]
+mod metrics;
+mod outlier;
 mod pick;
 
 #[cfg(feature = "tonic-transport")]
 mod channel;
 
+pub use body::ResponseBody;
 #[cfg(feature = "tonic-transport")]
-pub use channel::{BalancedChannel, ChannelFuture};
+pub use channel::{BalancedChannel, BalancedChannelBuilder, ChannelFuture};
+pub use detector::{Ejection, EjectionReason, Outliers};
+#[cfg(feature = "opentelemetry")]
+#[cfg_attr(docsrs, doc(cfg(feature = "opentelemetry")))]
+pub use metrics::{
+    EJECTIONS_DETECTED_FAILURE_PERCENTAGE, EJECTIONS_DETECTED_SUCCESS_RATE,
+    EJECTIONS_ENFORCED_FAILURE_PERCENTAGE, EJECTIONS_ENFORCED_SUCCESS_RATE,
+    EJECTIONS_ENFORCED_TOTAL, EJECTIONS_OVERFLOW, OutlierMetrics,
+};
+pub use outlier::{
+    DEFAULT_FAILURE_CODES, FailurePercentageEjection, OutlierDetection, OutlierDetectionBuilder,
+    OutlierDetectionError, OutlierRule, SuccessRateEjection,
+};
 
 use std::fmt;
 use std::future::Future;
 use std::hash::Hash;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
+use tokio::time::Instant;
 use tower::discover::{Change, Discover};
 use tower::load::Load;
 use tower::ready_cache::ReadyCache;
@@ -189,9 +291,12 @@ use tower_service::Service;
 
 use crate::BoxError;
 use crate::metadata::{BackendId, TriedBackends};
+use detector::Detector;
+use health::{Head, Health, Verdict, classify_head};
 
 /// Balances requests over the endpoints of a [`Discover`]: power of two choices on load,
-/// among the endpoints the request's call has not tried yet (see the [module docs](self)).
+/// among the endpoints the request's call has not tried yet, with outlier detection (see the
+/// [module docs](self)).
 ///
 /// Not `Clone`: put a [`tower::buffer::Buffer`] over it for the retry and hedge layers.
 pub struct Balance<D, Req>
@@ -204,6 +309,10 @@ where
     discover_ended: bool,
     endpoints: ReadyCache<D::Key, Endpoint<D::Service>, Req>,
     rng: SmallRng,
+    /// `None` when outlier detection is disabled.
+    outliers: Option<Detector>,
+    /// The view of the ejections, shared with [`Outliers`] handles.
+    view: Outliers,
 }
 
 impl<D, Req> Balance<D, Req>
@@ -214,7 +323,7 @@ where
     <D::Service as Service<Req>>::Error: Into<BoxError>,
 {
     /// A balancer over the endpoints `discover` gives, with a random generator seeded from the
-    /// thread's.
+    /// thread's, and [`OutlierDetection::default()`].
     pub fn new(discover: D) -> Self {
         Self::from_rng(discover, SmallRng::from_rng(&mut rand::rng()))
     }
@@ -225,11 +334,18 @@ where
     }
 
     fn from_rng(discover: D, rng: SmallRng) -> Self {
+        let outliers = Detector::new(OutlierDetection::default());
+        let view = outliers
+            .as_ref()
+            .map(|detector| detector.view().clone())
+            .unwrap_or_default();
         Balance {
             discover,
             discover_ended: false,
             endpoints: ReadyCache::default(),
             rng,
+            outliers,
+            view,
         }
     }
 }
@@ -239,6 +355,70 @@ where
     D: Discover,
     D::Key: Hash + Eq,
 {
+    /// Replaces the outlier detection ([`OutlierDetection::default()`] unless set);
+    /// [`OutlierDetection::disabled()`] turns it off. Set it before the first `poll_ready`:
+    /// what the balancer learned so far is forgotten.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower::discover::ServiceList;
+    /// use tower::load::{CompleteOnResponse, PendingRequests};
+    /// use tower_retry_hedge::balance::{Balance, OutlierDetection};
+    ///
+    /// # type Req = http::Request<String>;
+    /// let backend = || {
+    ///     let service = tower::service_fn(|_: Req| async {
+    ///         Ok::<_, std::convert::Infallible>(http::Response::new(()))
+    ///     });
+    ///     PendingRequests::new(service, CompleteOnResponse::default())
+    /// };
+    /// let detection = OutlierDetection::builder()
+    ///     .base_ejection_time(Duration::from_secs(10))
+    ///     .build()?;
+    /// let balance: Balance<_, Req> =
+    ///     Balance::new(ServiceList::new([backend(), backend()])).outlier_detection(detection);
+    /// # let _ = balance;
+    /// # Ok::<(), tower_retry_hedge::balance::OutlierDetectionError>(())
+    /// ```
+    pub fn outlier_detection(mut self, config: OutlierDetection) -> Self {
+        self.outliers = Detector::new(config);
+        if let Some(detector) = &self.outliers {
+            self.view = detector.view().clone();
+        } else {
+            self.view = Outliers::default();
+        }
+        self
+    }
+
+    /// A view of the ejected backends and of the ejections so far, which stays current as the
+    /// balancer runs (also once it is moved into a [`tower::buffer::Buffer`]).
+    ///
+    /// ```
+    /// use tower::discover::ServiceList;
+    /// use tower::load::{CompleteOnResponse, PendingRequests};
+    /// use tower_retry_hedge::balance::Balance;
+    ///
+    /// # type Req = http::Request<String>;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let backend = || {
+    ///     let service = tower::service_fn(|_: Req| async {
+    ///         Ok::<_, std::convert::Infallible>(http::Response::new(()))
+    ///     });
+    ///     PendingRequests::new(service, CompleteOnResponse::default())
+    /// };
+    /// let balance: Balance<_, Req> = Balance::new(ServiceList::new([backend(), backend()]));
+    /// let outliers = balance.outliers();
+    /// let balanced = tower::buffer::Buffer::new(balance, 16);
+    /// // ... calls through `balanced` ...
+    /// assert!(outliers.ejected().is_empty());
+    /// # let _ = balanced;
+    /// # }
+    /// ```
+    pub fn outliers(&self) -> Outliers {
+        self.view.clone()
+    }
+
     /// The endpoints known (ready or not), as of the last `poll_ready`.
     pub fn len(&self) -> usize {
         self.endpoints.len()
@@ -260,6 +440,7 @@ where
             .field("ready", &self.endpoints.ready_len())
             .field("pending", &self.endpoints.pending_len())
             .field("discover_ended", &self.discover_ended)
+            .field("outliers", &self.outliers)
             .finish_non_exhaustive()
     }
 }
@@ -267,7 +448,7 @@ where
 impl<D, Req> Balance<D, Req>
 where
     D: Discover + Unpin,
-    D::Key: Hash + Eq + Clone,
+    D::Key: Hash + Eq + Clone + fmt::Debug,
     D::Error: Into<BoxError>,
     D::Service: Service<Req>,
     <D::Service as Service<Req>>::Error: Into<BoxError>,
@@ -281,12 +462,27 @@ where
                 Poll::Ready(Some(Err(error))) => return Err(error.into()),
                 Poll::Ready(Some(Ok(Change::Insert(key, service)))) => {
                     let id = BackendId::of(&key);
+                    // A key known already keeps what the balancer learned of it.
+                    let health = self
+                        .outliers
+                        .as_mut()
+                        .map(|detector| detector.insert(id, || format!("{key:?}")));
                     // An endpoint already known under this key is replaced once the new one
                     // is ready; calls in flight on the old one go on.
-                    self.endpoints.push(key, Endpoint { id, service });
+                    self.endpoints.push(
+                        key,
+                        Endpoint {
+                            id,
+                            service,
+                            health,
+                        },
+                    );
                 }
                 Poll::Ready(Some(Ok(Change::Remove(key)))) => {
                     // Calls in flight keep their response futures; only new calls lose it.
+                    if let Some(detector) = &mut self.outliers {
+                        detector.remove(BackendId::of(&key));
+                    }
                     self.endpoints.evict(&key);
                 }
             }
@@ -301,7 +497,10 @@ where
                 // None left pending, or none of them ready yet.
                 Poll::Ready(Ok(())) | Poll::Pending => return,
                 Poll::Ready(Err(failed)) => {
-                    tracing::debug!(error = %failed, "balance: dropping an endpoint that failed");
+                    tracing::debug!(error = %failed.1, "balance: dropping an endpoint that failed");
+                    if let Some(detector) = &mut self.outliers {
+                        detector.remove(BackendId::of(&failed.0));
+                    }
                 }
             }
         }
@@ -309,7 +508,12 @@ where
 }
 
 /// The ready endpoints, as the picker sees them.
-struct Ready<'a, K: Hash + Eq, S, Req>(&'a ReadyCache<K, Endpoint<S>, Req>);
+struct Ready<'a, K: Hash + Eq, S, Req> {
+    endpoints: &'a ReadyCache<K, Endpoint<S>, Req>,
+    /// Whether some backend is ejected; the clock for the weights.
+    any_ejected: bool,
+    now: Option<Instant>,
+}
 
 impl<K, S, Req> pick::Candidates for Ready<'_, K, S, Req>
 where
@@ -320,7 +524,7 @@ where
     type Load = S::Metric;
 
     fn len(&self) -> usize {
-        self.0.ready_len()
+        self.endpoints.ready_len()
     }
 
     fn id(&self, index: usize) -> BackendId {
@@ -330,36 +534,58 @@ where
     fn load(&self, index: usize) -> S::Metric {
         self.endpoint(index).service.load()
     }
+
+    fn any_ejected(&self) -> bool {
+        self.any_ejected
+    }
+
+    fn ejected(&self, index: usize) -> bool {
+        self.endpoint(index)
+            .health
+            .as_ref()
+            .is_some_and(|health| health.is_ejected())
+    }
+
+    fn weight(&self, index: usize) -> f64 {
+        match (&self.endpoint(index).health, self.now) {
+            (Some(health), Some(now)) => health.weight(now),
+            _ => 1.0,
+        }
+    }
 }
 
 impl<K: Hash + Eq, S, Req> Ready<'_, K, S, Req> {
     fn endpoint(&self, index: usize) -> &Endpoint<S> {
         let (_, endpoint) = self
-            .0
+            .endpoints
             .get_ready_index(index)
             .expect("the picker asks only for indices below the ready count");
         endpoint
     }
 }
 
-impl<D, B> Service<http::Request<B>> for Balance<D, http::Request<B>>
+impl<D, B, RB> Service<http::Request<B>> for Balance<D, http::Request<B>>
 where
     D: Discover + Unpin,
-    D::Key: Hash + Eq + Clone,
+    D::Key: Hash + Eq + Clone + fmt::Debug,
     D::Error: Into<BoxError>,
-    D::Service: Service<http::Request<B>> + Load,
+    D::Service: Service<http::Request<B>, Response = http::Response<RB>> + Load,
     <D::Service as Load>::Metric: PartialOrd,
     <D::Service as Service<http::Request<B>>>::Error: Into<BoxError>,
 {
-    type Response = <D::Service as Service<http::Request<B>>>::Response;
+    type Response = http::Response<ResponseBody<RB>>;
     type Error = BoxError;
     type Future = ResponseFuture<<D::Service as Service<http::Request<B>>>::Future>;
 
-    /// Applies discovery's changes and drives endpoints to readiness; ready once one
-    /// endpoint is. With none, it waits for discovery or an endpoint to wake it.
+    /// Applies discovery's changes, drives endpoints to readiness, and runs the outlier
+    /// detection that is due; ready once one endpoint is. With none, it waits for discovery
+    /// or an endpoint to wake it.
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
         self.discover(cx)?;
         self.promote_ready(cx);
+        if let Some(detector) = &mut self.outliers {
+            detector.poll(Instant::now(), &mut self.rng);
+        }
         if self.endpoints.ready_len() > 0 {
             Poll::Ready(Ok(()))
         } else {
@@ -368,7 +594,11 @@ where
     }
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        let ready = Ready(&self.endpoints);
+        let ready = Ready {
+            endpoints: &self.endpoints,
+            any_ejected: self.outliers.as_ref().is_some_and(Detector::any_ejected),
+            now: self.outliers.as_ref().map(Detector::now),
+        };
         let rng = &mut self.rng;
         let index = match request.extensions().get::<TriedBackends>() {
             Some(tried) => tried.pick_and_record(|tried| {
@@ -378,11 +608,15 @@ where
             None => pick::pick(&ready, &[], rng),
         };
         match index {
-            Some(index) => ResponseFuture {
-                state: State::Called {
-                    future: self.endpoints.call_ready_index(index, request),
-                },
-            },
+            Some(index) => {
+                let health = ready.endpoint(index).health.clone();
+                ResponseFuture {
+                    state: State::Called {
+                        future: self.endpoints.call_ready_index(index, request),
+                        health,
+                    },
+                }
+            }
             None => ResponseFuture {
                 state: State::NotReady {
                     error: Some(Box::new(NoReadyEndpoint(()))),
@@ -392,10 +626,11 @@ where
     }
 }
 
-/// An endpoint and its id in the calls' records.
+/// An endpoint, its id in the calls' records, and what the balancer learns of it.
 struct Endpoint<S> {
     id: BackendId,
     service: S,
+    health: Option<Arc<Health>>,
 }
 
 impl<S, Req> Service<Req> for Endpoint<S>
@@ -429,7 +664,8 @@ impl fmt::Display for NoReadyEndpoint {
 impl std::error::Error for NoReadyEndpoint {}
 
 pin_project_lite::pin_project! {
-    /// The response future of [`Balance`]: the endpoint's, with its error boxed.
+    /// The response future of [`Balance`]: the endpoint's, with its error boxed and its body
+    /// in a [`ResponseBody`]; it tells the outlier detection how the attempt went.
     pub struct ResponseFuture<F> {
         #[pin]
         state: State<F>,
@@ -439,8 +675,8 @@ pin_project_lite::pin_project! {
 pin_project_lite::pin_project! {
     #[project = StateProj]
     enum State<F> {
-        // The endpoint's response future.
-        Called { #[pin] future: F },
+        // The endpoint's response future, and the record of its backend.
+        Called { #[pin] future: F, health: Option<Arc<Health>> },
         // `call` came with no endpoint ready: the error, until polled.
         NotReady { error: Option<BoxError> },
     }
@@ -452,16 +688,47 @@ impl<F> fmt::Debug for ResponseFuture<F> {
     }
 }
 
-impl<F, T, E> Future for ResponseFuture<F>
+impl<F, RB, E> Future for ResponseFuture<F>
 where
-    F: Future<Output = Result<T, E>>,
+    F: Future<Output = Result<http::Response<RB>, E>>,
     E: Into<BoxError>,
 {
-    type Output = Result<T, BoxError>;
+    type Output = Result<http::Response<ResponseBody<RB>>, BoxError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().state.project() {
-            StateProj::Called { future } => future.poll(cx).map_err(Into::into),
+            StateProj::Called { future, health } => {
+                let result = std::task::ready!(future.poll(cx));
+                let Some(health) = health.take() else {
+                    return Poll::Ready(
+                        result
+                            .map(|response| response.map(ResponseBody::plain))
+                            .map_err(Into::into),
+                    );
+                };
+                Poll::Ready(match result {
+                    Ok(response) => {
+                        let head = classify_head(
+                            response.status(),
+                            response.headers(),
+                            health.failure_codes(),
+                        );
+                        match head {
+                            Head::Settled(verdict) => {
+                                health.record(verdict);
+                                Ok(response.map(ResponseBody::plain))
+                            }
+                            Head::Trailers => {
+                                Ok(response.map(|body| ResponseBody::watched(body, health)))
+                            }
+                        }
+                    }
+                    Err(error) => {
+                        health.record(Verdict::Failure);
+                        Err(error.into())
+                    }
+                })
+            }
             StateProj::NotReady { error } => Poll::Ready(Err(error
                 .take()
                 .unwrap_or_else(|| Box::new(NoReadyEndpoint(()))))),

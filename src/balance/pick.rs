@@ -1,6 +1,6 @@
 //! The choice of an endpoint: power of two choices on load, among the ready endpoints a call
-//! has not tried. The part of the balancer that no tower piece does: tower's
-//! `p2c::Balance` picks before it sees the request.
+//! has not tried, leaving out the ejected ones, and weighing recent failures. The part of the
+//! balancer that no tower piece does: tower's `p2c::Balance` picks before it sees the request.
 
 use rand::Rng;
 
@@ -19,11 +19,30 @@ pub(crate) trait Candidates {
 
     /// The load of endpoint `index`.
     fn load(&self, index: usize) -> Self::Load;
+
+    /// Whether some endpoint may be ejected: when false, [`ejected`](Self::ejected) is not
+    /// asked.
+    fn any_ejected(&self) -> bool {
+        false
+    }
+
+    /// Whether endpoint `index` is out of rotation (outlier detection).
+    fn ejected(&self, _index: usize) -> bool {
+        false
+    }
+
+    /// The weight of endpoint `index` in a draw it wins on load, in (0, 1]: 1 without recent
+    /// failures.
+    fn weight(&self, _index: usize) -> f64 {
+        1.0
+    }
 }
 
 /// Picks a ready endpoint by index: of two drawn at random, the one with the lower load (the
-/// first drawn on a tie). Only endpoints whose id is not in `tried` are drawn; when each ready
-/// endpoint was tried, all of them are. `None` when no endpoint is ready.
+/// first drawn on a tie) — which keeps the pick with probability `w / w'` when its weight `w`
+/// is below the other's `w'`, and else leaves it to the other. Ejected endpoints are not drawn
+/// while another is ready; among the rest, only endpoints whose id is not in `tried` are drawn,
+/// or all of them when each was tried. `None` when no endpoint is ready.
 pub(crate) fn pick<C: Candidates>(
     candidates: &C,
     tried: &[BackendId],
@@ -33,23 +52,36 @@ pub(crate) fn pick<C: Candidates>(
     if len == 0 {
         return None;
     }
-    let untried = |index: &usize| !tried.contains(&candidates.id(*index));
-    let fresh = if tried.is_empty() {
-        len
+    // In rotation: the endpoints not ejected, or every ready one when all are.
+    let any_ejected = candidates.any_ejected();
+    let in_rotation_count = if any_ejected {
+        (0..len).filter(|&i| !candidates.ejected(i)).count()
     } else {
-        (0..len).filter(untried).count()
+        len
     };
-    // The pool: the untried endpoints if some but not all are; else every ready one.
-    let only_untried = fresh != len && fresh != 0;
-    let pool = if only_untried { fresh } else { len };
+    let every_one = in_rotation_count == 0 || in_rotation_count == len;
+    let in_rotation = |index: usize| every_one || !candidates.ejected(index);
+    let rotation = if every_one { len } else { in_rotation_count };
+
+    let untried = |index: usize| !tried.contains(&candidates.id(index));
+    let fresh = if tried.is_empty() {
+        rotation
+    } else {
+        (0..len).filter(|&i| in_rotation(i) && untried(i)).count()
+    };
+    // The pool: the untried endpoints in rotation if some but not all are; else every one in
+    // rotation.
+    let only_untried = fresh != rotation && fresh != 0;
+    let pool = if only_untried { fresh } else { rotation };
+    let in_pool = |index: usize| in_rotation(index) && (!only_untried || untried(index));
     let nth = |n: usize| {
-        if only_untried {
-            (0..len)
-                .filter(untried)
-                .nth(n)
-                .expect("n is below the count of untried endpoints")
-        } else {
+        if pool == len {
             n
+        } else {
+            (0..len)
+                .filter(|&i| in_pool(i))
+                .nth(n)
+                .expect("n is below the count of the pool")
         }
     };
     if pool == 1 {
@@ -62,11 +94,17 @@ pub(crate) fn pick<C: Candidates>(
         b += 1;
     }
     let (a, b) = (nth(a), nth(b));
-    Some(if candidates.load(a) <= candidates.load(b) {
-        a
+    let (winner, other) = if candidates.load(a) <= candidates.load(b) {
+        (a, b)
     } else {
-        b
-    })
+        (b, a)
+    };
+    let (kept, other_weight) = (candidates.weight(winner), candidates.weight(other));
+    if kept < other_weight && rng.random::<f64>() * other_weight >= kept {
+        Some(other)
+    } else {
+        Some(winner)
+    }
 }
 
 #[cfg(test)]
@@ -91,6 +129,72 @@ mod tests {
 
         fn load(&self, index: usize) -> u32 {
             self.0[index]
+        }
+    }
+
+    /// Endpoints with loads, ejected flags and weights.
+    struct Known {
+        loads: Vec<u32>,
+        ejected: Vec<bool>,
+        weights: Vec<f64>,
+    }
+
+    impl Known {
+        fn new(loads: &[u32]) -> Known {
+            Known {
+                loads: loads.to_vec(),
+                ejected: vec![false; loads.len()],
+                weights: vec![1.0; loads.len()],
+            }
+        }
+
+        fn ejected(mut self, indices: &[usize]) -> Known {
+            for &i in indices {
+                self.ejected[i] = true;
+            }
+            self
+        }
+
+        fn weight(mut self, index: usize, weight: f64) -> Known {
+            self.weights[index] = weight;
+            self
+        }
+
+        fn counts(&self, tried: &[BackendId], draws: usize, seed: u64) -> Vec<usize> {
+            let mut rng = SmallRng::seed_from_u64(seed);
+            let mut counts = vec![0; self.loads.len()];
+            for _ in 0..draws {
+                counts[pick(self, tried, &mut rng).expect("a ready endpoint")] += 1;
+            }
+            counts
+        }
+    }
+
+    impl Candidates for Known {
+        type Load = u32;
+
+        fn len(&self) -> usize {
+            self.loads.len()
+        }
+
+        fn id(&self, index: usize) -> BackendId {
+            BackendId::of(&index)
+        }
+
+        fn load(&self, index: usize) -> u32 {
+            self.loads[index]
+        }
+
+        fn any_ejected(&self) -> bool {
+            self.ejected.contains(&true)
+        }
+
+        fn ejected(&self, index: usize) -> bool {
+            self.ejected[index]
+        }
+
+        fn weight(&self, index: usize) -> f64 {
+            self.weights[index]
         }
     }
 
@@ -195,5 +299,59 @@ mod tests {
         assert_eq!(counts[2], 0);
         assert!((1_800..2_200).contains(&counts[0]), "{counts:?}");
         assert!((800..1_200).contains(&counts[1]), "{counts:?}");
+    }
+
+    #[test]
+    fn ejected_endpoints_are_not_drawn_while_another_is_ready() {
+        // The ejected endpoint is the lightest: it would win every draw it is in.
+        let known = Known::new(&[0, 5, 5]).ejected(&[0]);
+        let counts = known.counts(&[], 2_000, 21);
+        assert_eq!(counts[0], 0);
+        assert!(counts[1] > 800 && counts[2] > 800, "{counts:?}");
+        // A retry that tried 1 goes to 2, never back to the ejected 0.
+        assert_eq!(known.counts(&ids([1]), 500, 22), vec![0, 0, 500]);
+        // Every endpoint in rotation tried: among those in rotation, still not the ejected.
+        let counts = known.counts(&ids([1, 2]), 1_000, 23);
+        assert_eq!(counts[0], 0, "{counts:?}");
+        // Every ready endpoint ejected: all of them are drawn rather than none.
+        let all = Known::new(&[0, 0]).ejected(&[0, 1]);
+        let counts = all.counts(&[], 1_000, 24);
+        assert!(counts.iter().all(|&c| c > 300), "{counts:?}");
+    }
+
+    #[test]
+    fn recent_failures_cost_a_backend_the_draws_it_wins_on_load() {
+        // Endpoint 0 fails fast, so it is the least loaded: unweighted, it wins every draw it
+        // is in (two of three). At weight 1/36 (five failures, no success), it keeps 1/36 of
+        // them: about 37 of 2 000 draws.
+        let weighed = Known::new(&[0, 3, 3]).weight(0, 1.0 / 36.0);
+        let counts = weighed.counts(&[], 2_000, 31);
+        assert!((15..70).contains(&counts[0]), "{counts:?}");
+        let unweighed = Known::new(&[0, 3, 3]).counts(&[], 3_000, 31);
+        assert!((1_850..2_150).contains(&unweighed[0]), "{unweighed:?}");
+        // Weight 1/4 against 1: a quarter of the draws it wins.
+        let quarter = Known::new(&[0, 3, 3])
+            .weight(0, 0.25)
+            .counts(&[], 4_000, 32);
+        let expected = 4_000.0 * 2.0 / 3.0 / 4.0;
+        assert!(
+            (quarter[0] as f64 - expected).abs() < expected * 0.15,
+            "{quarter:?}"
+        );
+        // Weight 1/2 against 1, the lighter of two: half the draws.
+        let lighter = Known::new(&[3, 0]).weight(0, 1.0).weight(1, 0.5);
+        let counts = lighter.counts(&[], 2_000, 33);
+        assert!((850..1_150).contains(&counts[1]), "{counts:?}");
+        // Equal weights draw no extra number: the same picks as without weights.
+        let plain = Loads(vec![1, 2, 3]);
+        let equal = Known::new(&[1, 2, 3])
+            .weight(0, 0.5)
+            .weight(1, 0.5)
+            .weight(2, 0.5);
+        assert_eq!(counts_of(&plain, 300, 41), equal.counts(&[], 300, 41));
+    }
+
+    fn counts_of(candidates: &Loads, draws: usize, seed: u64) -> Vec<usize> {
+        counts(candidates, &[], draws, seed)
     }
 }

@@ -1,7 +1,7 @@
 //! `balance::Balance` over mock endpoints: which endpoint each request reaches, with and
 //! without the call's record of tried backends, while endpoints come, go, and fail; then under
-//! the retry and hedge layers on the paused clock. (`tests/balance_network` runs it over real
-//! tonic servers.)
+//! the retry and hedge layers on the paused clock; its outlier detection in `outliers.rs`.
+//! (`tests/balance_network` runs it over real tonic servers.)
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -22,11 +22,13 @@ use tower::load::{CompleteOnResponse, Constant, Load, PendingRequests};
 use tower::util::BoxService;
 use tower::{BoxError, Layer, Service, ServiceExt};
 use tower_retry_hedge::backoff::{Exponential, Jitter};
-use tower_retry_hedge::balance::{Balance, NoReadyEndpoint};
+use tower_retry_hedge::balance::{Balance, NoReadyEndpoint, OutlierDetection, ResponseBody};
 use tower_retry_hedge::classify::{Code, GrpcCodes};
 use tower_retry_hedge::metadata::{BackendId, TriedBackends};
 use tower_retry_hedge::{HedgeLayer, HedgePolicy, Policies, RetryLayer, RetryPolicy};
 use tower_test::mock::{self, Handle, SendResponse, Spawn};
+
+mod outliers;
 
 type Req = http::Request<Full<Bytes>>;
 type Res = http::Response<()>;
@@ -34,6 +36,11 @@ type Res = http::Response<()>;
 type Endpoint = Constant<mock::Mock<Req, Res>, u32>;
 type Discovered = Result<Change<&'static str, Endpoint>, BoxError>;
 type Discovery = UnboundedReceiverStream<Discovered>;
+
+/// The balancer's response, with its body as the endpoint gave it.
+fn plain<E>(result: Result<http::Response<ResponseBody<()>>, E>) -> Result<Res, E> {
+    result.map(|response| response.map(ResponseBody::into_inner))
+}
 
 const SERVICE: &str = "test.echo.Echo";
 const PATH: &str = "/test.echo.Echo/Unary";
@@ -124,7 +131,7 @@ impl Backends {
     /// Sends a request through the balancer and finds the endpoint that received it.
     fn send(&mut self, tried: Option<&TriedBackends>) -> Sent {
         self.assert_ready();
-        let response = Box::pin(self.balance.call(request(tried)));
+        let response = Box::pin(self.balance.call(request(tried)).map(plain));
         let mut received =
             self.handles
                 .iter_mut()
@@ -396,9 +403,10 @@ fn unmeasured(
     Constant::new(service, 0)
 }
 
-/// A buffered balancer over these backends, keyed by name.
+/// A buffered balancer over these backends, keyed by name, with this outlier detection.
 fn balanced<S>(
     backends: Vec<(&'static str, S)>,
+    outlier_detection: OutlierDetection,
 ) -> impl Service<Req, Response = Res, Error = BoxError, Future: Send> + Clone + Send + 'static
 where
     S: Service<Req, Response = Res, Error = Infallible, Future: Send>
@@ -411,8 +419,12 @@ where
         .map(|(name, service)| Ok(Change::Insert(name, service)))
         .collect();
     // The stream ends once every backend is in: the balancer keeps them.
-    let balance = Balance::with_seed(futures_util::stream::iter(changes), 7);
-    Buffer::new(balance, 64)
+    let balance = Balance::with_seed(futures_util::stream::iter(changes), 7)
+        .outlier_detection(outlier_detection);
+    // The mock answers are Trailers-Only: judged on their headers, their bodies are plain.
+    Buffer::new(balance, 64).map_response(|response: http::Response<ResponseBody<()>>| {
+        response.map(ResponseBody::into_inner)
+    })
 }
 
 fn ms(n: u64) -> Duration {
@@ -444,13 +456,17 @@ fn repeats(call: &[&'static str]) -> bool {
 /// 300 calls one after another through the retry layer (3 attempts, 1 ms backoff) over a
 /// balancer of three backends, one of which always answers UNAVAILABLE; how many failed, and
 /// what each call's attempts reached. `record: None` leaves the table's switch at its default.
+/// Outlier detection is off: these tests are about the record alone.
 async fn retry_over_one_dead_backend(record: Option<bool>) -> (usize, Vec<Vec<&'static str>>) {
     let arrivals = Arrivals::default();
-    let balanced = balanced(vec![
-        ("dead", counted(backend("dead", "14", ms(1), &arrivals))),
-        ("a", counted(backend("a", "0", ms(1), &arrivals))),
-        ("b", counted(backend("b", "0", ms(1), &arrivals))),
-    ]);
+    let balanced = balanced(
+        vec![
+            ("dead", counted(backend("dead", "14", ms(1), &arrivals))),
+            ("a", counted(backend("a", "0", ms(1), &arrivals))),
+            ("b", counted(backend("b", "0", ms(1), &arrivals))),
+        ],
+        OutlierDetection::disabled(),
+    );
     let policy = RetryPolicy::builder()
         .max_attempts(3)
         .backoff(Exponential::new(ms(1), ms(1), 2.0, Jitter::None).expect("valid backoff"))
@@ -504,14 +520,17 @@ async fn without_the_record_retries_can_land_on_the_dead_backend_again() {
 async fn hedges_go_to_backends_the_call_has_not_tried() {
     let arrivals = Arrivals::default();
     // Equal loads, so that the load alone does not steer hedges off the slow backend.
-    let balanced = balanced(vec![
-        (
-            "slow",
-            unmeasured(backend("slow", "0", ms(1_000), &arrivals)),
-        ),
-        ("a", unmeasured(backend("a", "0", ms(5), &arrivals))),
-        ("b", unmeasured(backend("b", "0", ms(5), &arrivals))),
-    ]);
+    let balanced = balanced(
+        vec![
+            (
+                "slow",
+                unmeasured(backend("slow", "0", ms(1_000), &arrivals)),
+            ),
+            ("a", unmeasured(backend("a", "0", ms(5), &arrivals))),
+            ("b", unmeasured(backend("b", "0", ms(5), &arrivals))),
+        ],
+        OutlierDetection::default(),
+    );
     // The hedge policy's own switch for the record.
     let policy = HedgePolicy::builder()
         .max_attempts(3)

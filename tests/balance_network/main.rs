@@ -10,11 +10,12 @@
 // For the generated `test.echo` code.
 #[path = "../common/mod.rs"]
 mod common;
+mod outliers;
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -30,33 +31,43 @@ use tonic::transport::{Channel, Endpoint, Server};
 use tonic::{Request, Response, Status, Streaming};
 use tower::Layer;
 use tower_retry_hedge::backoff::{Exponential, Jitter};
-use tower_retry_hedge::balance::BalancedChannel;
+use tower_retry_hedge::balance::{BalancedChannel, OutlierDetection};
 use tower_retry_hedge::classify::{Code, GrpcCodes};
 use tower_retry_hedge::{HedgeLayer, HedgePolicy, Policies, RetryLayer, RetryPolicy};
 
 const SERVICE: &str = "test.echo.Echo";
 
 /// How a backend answers every call.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 enum Behaviour {
     Ok,
     Unavailable,
     OkAfter(Duration),
+    /// `UNAVAILABLE` while the switch is on, OK otherwise.
+    UnavailableWhile(Arc<AtomicBool>),
+    /// `UNAVAILABLE` until then (tokio's clock), OK from then on.
+    UnavailableUntil(tokio::time::Instant),
 }
 
 /// A small `test.echo.Echo` server (unary only) that counts, per call, the attempts it saw,
-/// and the calls it answered OK. Lighter than `tests/common`'s scripted peer, which keeps every
+/// the first attempts it saw (a request without `grpc-previous-rpc-attempts`) and when, and
+/// the calls it answered OK. Lighter than `tests/common`'s scripted peer, which keeps every
 /// attempt's metadata: these tests make tens of thousands of attempts.
 #[derive(Debug, Clone)]
 struct Backend {
     behaviour: Behaviour,
     attempts: Arc<Mutex<HashMap<u32, u32>>>,
+    first: Arc<Mutex<Vec<(u32, tokio::time::Instant)>>>,
     answered_ok: Arc<AtomicU32>,
 }
 
 #[tonic::async_trait]
 impl Echo for Backend {
     async fn unary(&self, request: Request<EchoRequest>) -> Result<Response<EchoReply>, Status> {
+        let first = request
+            .metadata()
+            .get("grpc-previous-rpc-attempts")
+            .is_none();
         let request = request.into_inner();
         *self
             .attempts
@@ -64,10 +75,22 @@ impl Echo for Backend {
             .unwrap_or_else(PoisonError::into_inner)
             .entry(request.call)
             .or_default() += 1;
-        match self.behaviour {
+        if first {
+            self.first
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push((request.call, tokio::time::Instant::now()));
+        }
+        match &self.behaviour {
             Behaviour::Unavailable => return Err(Status::unavailable("backend down")),
-            Behaviour::OkAfter(delay) => tokio::time::sleep(delay).await,
-            Behaviour::Ok => {}
+            Behaviour::UnavailableWhile(down) if down.load(Ordering::Relaxed) => {
+                return Err(Status::unavailable("backend down"));
+            }
+            Behaviour::UnavailableUntil(up) if tokio::time::Instant::now() < *up => {
+                return Err(Status::unavailable("backend down"));
+            }
+            Behaviour::OkAfter(delay) => tokio::time::sleep(*delay).await,
+            Behaviour::Ok | Behaviour::UnavailableWhile(_) | Behaviour::UnavailableUntil(_) => {}
         }
         self.answered_ok.fetch_add(1, Ordering::Relaxed);
         Ok(Response::new(EchoReply {
@@ -111,6 +134,7 @@ impl EchoPeer {
         let backend = Backend {
             behaviour,
             attempts: Arc::default(),
+            first: Arc::default(),
             answered_ok: Arc::default(),
         };
         let (shutdown, signal) = oneshot::channel::<()>();
@@ -164,6 +188,36 @@ impl EchoPeer {
             .filter(|(call, _)| calls.contains(call))
             .map(|(_, &n)| n)
             .sum()
+    }
+
+    /// How many calls in `calls` sent their first attempt here.
+    fn first_attempts(&self, calls: std::ops::Range<u32>) -> usize {
+        let first = self
+            .backend
+            .first
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        first
+            .iter()
+            .filter(|(call, _)| calls.contains(call))
+            .count()
+    }
+
+    /// The first attempts that reached this server at or after `from` and before `to`.
+    fn first_attempts_between(
+        &self,
+        from: tokio::time::Instant,
+        to: tokio::time::Instant,
+    ) -> usize {
+        let first = self
+            .backend
+            .first
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        first
+            .iter()
+            .filter(|(_, at)| (from..to).contains(at))
+            .count()
     }
 
     /// Stops accepting, waits for the connections to close (drop the clients first) and for
@@ -273,9 +327,12 @@ async fn with_one_dead_backend_of_three_no_call_fails() {
         .track_backends(true)
         .build();
 
-    // This crate's balancer: the one-line replacement of `Channel::balance_list`. Making it
-    // turns the calls' record of tried backends on: no other line changes.
-    let channel = BalancedChannel::balance_list(endpoints());
+    // This crate's balancer in place of `Channel::balance_list`, with the calls' record of
+    // tried backends, and without outlier detection: the dead backend keeps its share of
+    // first attempts, and the record alone saves their calls. (`outliers.rs` turns it on.)
+    let channel = BalancedChannel::builder()
+        .outlier_detection(OutlierDetection::disabled())
+        .balance_list(endpoints());
     let client = EchoClient::new(RetryLayer::new(policies.clone()).layer(channel));
     let ours = guard(run(client, 0, RETRY_CALLS, 64)).await;
 

@@ -1,0 +1,1099 @@
+//! The settings of the balancer's outlier detection ([`OutlierDetection`]): gRFC A50's knobs,
+//! in code or from the JSON of gRPC's `outlier_detection_experimental` policy, and the
+//! balancer's own (a run of consecutive failures, how fast failures fade, which codes fail).
+
+use std::fmt;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::classify::{Code, GrpcCodes};
+use crate::config::{DurationError, MAX_DOCUMENT_BYTES, parse_duration};
+
+/// The outlier detection of a [`Balance`](super::Balance) or
+/// [`BalancedChannel`](super::BalancedChannel): which backends it ejects, for how long, and
+/// how recent failures weigh the choice between two backends. See the
+/// [module docs](super#outlier-detection).
+///
+/// [`OutlierDetection::default()`] is what a balancer uses unless told otherwise:
+///
+/// | knob | default | gRFC A50's default |
+/// |---|---|---|
+/// | [`interval`](OutlierDetectionBuilder::interval) | 1 s | 10 s |
+/// | [`base_ejection_time`](OutlierDetectionBuilder::base_ejection_time) | 30 s | 30 s |
+/// | [`max_ejection_time`](OutlierDetectionBuilder::max_ejection_time) | 300 s | 300 s |
+/// | [`max_ejection_percent`](OutlierDetectionBuilder::max_ejection_percent) | 10 (at least one backend) | 10 |
+/// | [`consecutive_failures`](OutlierDetectionBuilder::consecutive_failures) | 5 | (not in A50) |
+/// | [`failure_percentage`](OutlierDetectionBuilder::failure_percentage) | threshold 85, enforcement 100, minimum hosts 3, request volume 10 | off (when on: 85, 100, 5, 50) |
+/// | [`success_rate`](OutlierDetectionBuilder::success_rate) | off | off (when on: stdev factor 1900, 100, 5, 100) |
+/// | [`failure_half_life`](OutlierDetectionBuilder::failure_half_life) | 2 s | (not in A50) |
+/// | [`failure_codes`](OutlierDetectionBuilder::failure_codes) | [`DEFAULT_FAILURE_CODES`] | (A50: every code but `OK`) |
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_retry_hedge::balance::{FailurePercentageEjection, OutlierDetection};
+///
+/// // The defaults.
+/// let defaults = OutlierDetection::default();
+/// assert_eq!(defaults.interval(), Duration::from_secs(1));
+/// assert_eq!(defaults.consecutive_failures(), Some(5));
+///
+/// // In code.
+/// let custom = OutlierDetection::builder()
+///     .interval(Duration::from_secs(10))
+///     .base_ejection_time(Duration::from_secs(10))
+///     .max_ejection_percent(50)
+///     .failure_percentage(Some(FailurePercentageEjection { threshold: 50, ..Default::default() }))
+///     .build()?;
+/// assert_eq!(custom.max_ejection_percent(), 50);
+///
+/// // From gRPC's load-balancing config.
+/// let from_json = OutlierDetection::from_json(
+///     r#"{"interval": "10s", "failurePercentageEjection": {"threshold": 90}}"#,
+/// )?;
+/// assert_eq!(from_json.failure_percentage().map(|f| f.threshold), Some(90));
+///
+/// // None at all.
+/// assert!(!OutlierDetection::disabled().is_enabled());
+/// # Ok::<(), tower_retry_hedge::balance::OutlierDetectionError>(())
+/// ```
+#[derive(Clone)]
+pub struct OutlierDetection {
+    pub(crate) enabled: bool,
+    pub(crate) interval: Duration,
+    pub(crate) base_ejection_time: Duration,
+    pub(crate) max_ejection_time: Duration,
+    pub(crate) max_ejection_percent: u32,
+    pub(crate) success_rate: Option<SuccessRateEjection>,
+    pub(crate) failure_percentage: Option<FailurePercentageEjection>,
+    pub(crate) consecutive_failures: Option<u32>,
+    pub(crate) failure_half_life: Duration,
+    pub(crate) failure_codes: GrpcCodes,
+    #[cfg(feature = "opentelemetry")]
+    pub(crate) metrics: Option<super::OutlierMetrics>,
+}
+
+/// The gRPC codes that count as a backend's failure by default: those whose HTTP mapping is a
+/// 5xx or 429, as Envoy counts gRPC answers for outlier detection — `UNKNOWN`,
+/// `DEADLINE_EXCEEDED`, `RESOURCE_EXHAUSTED`, `UNIMPLEMENTED`, `INTERNAL`, `UNAVAILABLE` and
+/// `DATA_LOSS`. Codes that speak of the request (`INVALID_ARGUMENT`, `NOT_FOUND`, …) or of the
+/// caller (`CANCELLED`) do not.
+///
+/// ```
+/// use tower_retry_hedge::balance::DEFAULT_FAILURE_CODES;
+/// use tower_retry_hedge::classify::Code;
+///
+/// assert!(DEFAULT_FAILURE_CODES.contains(Code::Unavailable));
+/// assert!(!DEFAULT_FAILURE_CODES.contains(Code::NotFound));
+/// ```
+pub const DEFAULT_FAILURE_CODES: GrpcCodes = GrpcCodes::empty()
+    .with(Code::Unknown)
+    .with(Code::DeadlineExceeded)
+    .with(Code::ResourceExhausted)
+    .with(Code::Unimplemented)
+    .with(Code::Internal)
+    .with(Code::Unavailable)
+    .with(Code::DataLoss);
+
+/// gRFC A50's success-rate ejection: each interval, a backend whose success rate is below
+/// `mean − stdev × stdev_factor / 1000` of the backends with at least `request_volume`
+/// answers is ejected (with probability `enforcement_percentage` %), when at least
+/// `minimum_hosts` backends have that volume.
+///
+/// [`Default`] is A50's: 1900, 100, 5, 100.
+///
+/// ```
+/// use tower_retry_hedge::balance::SuccessRateEjection;
+///
+/// let lenient = SuccessRateEjection { stdev_factor: 3000, ..Default::default() };
+/// assert_eq!(lenient.request_volume, 100);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SuccessRateEjection {
+    /// The factor of the standard deviation, in thousandths (1900 is 1.9).
+    pub stdev_factor: u32,
+    /// The chance, in percent (at most 100), that a backend found an outlier is ejected.
+    pub enforcement_percentage: u32,
+    /// How many backends must have `request_volume` answers in the interval.
+    pub minimum_hosts: u32,
+    /// The answers a backend needs in the interval to count (and at least one).
+    pub request_volume: u32,
+}
+
+impl Default for SuccessRateEjection {
+    fn default() -> Self {
+        SuccessRateEjection {
+            stdev_factor: 1900,
+            enforcement_percentage: 100,
+            minimum_hosts: 5,
+            request_volume: 100,
+        }
+    }
+}
+
+/// gRFC A50's failure-percentage ejection: each interval, a backend with at least
+/// `request_volume` answers, more than `threshold` % of them failures, is ejected (with
+/// probability `enforcement_percentage` %), when the balancer knows at least `minimum_hosts`
+/// backends.
+///
+/// [`Default`] is A50's: 85, 100, 5, 50. [`OutlierDetection::default()`] uses 85, 100, 3, 10:
+/// three backends are enough to eject one, and its interval is a tenth of A50's.
+///
+/// ```
+/// use tower_retry_hedge::balance::FailurePercentageEjection;
+///
+/// let a50 = FailurePercentageEjection::default();
+/// assert_eq!((a50.threshold, a50.minimum_hosts, a50.request_volume), (85, 5, 50));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FailurePercentageEjection {
+    /// The failure percentage (at most 100) a backend must exceed.
+    pub threshold: u32,
+    /// The chance, in percent (at most 100), that a backend found an outlier is ejected.
+    pub enforcement_percentage: u32,
+    /// How many backends the balancer must know.
+    pub minimum_hosts: u32,
+    /// The answers a backend needs in the interval to be judged (and at least one).
+    pub request_volume: u32,
+}
+
+impl Default for FailurePercentageEjection {
+    fn default() -> Self {
+        FailurePercentageEjection {
+            threshold: 85,
+            enforcement_percentage: 100,
+            minimum_hosts: 5,
+            request_volume: 50,
+        }
+    }
+}
+
+impl Default for OutlierDetection {
+    /// The balancer's defaults (see the table on [`OutlierDetection`]).
+    fn default() -> Self {
+        OutlierDetection {
+            enabled: true,
+            interval: Duration::from_secs(1),
+            base_ejection_time: Duration::from_secs(30),
+            max_ejection_time: Duration::from_secs(300),
+            max_ejection_percent: 10,
+            success_rate: None,
+            failure_percentage: Some(FailurePercentageEjection {
+                threshold: 85,
+                enforcement_percentage: 100,
+                minimum_hosts: 3,
+                request_volume: 10,
+            }),
+            consecutive_failures: Some(5),
+            failure_half_life: Duration::from_secs(2),
+            failure_codes: DEFAULT_FAILURE_CODES,
+            #[cfg(feature = "opentelemetry")]
+            metrics: None,
+        }
+    }
+}
+
+impl OutlierDetection {
+    /// A builder that starts from the [defaults](OutlierDetection::default).
+    ///
+    /// ```
+    /// use tower_retry_hedge::balance::OutlierDetection;
+    ///
+    /// let detection = OutlierDetection::builder().consecutive_failures(Some(3)).build()?;
+    /// assert_eq!(detection.consecutive_failures(), Some(3));
+    /// # Ok::<(), tower_retry_hedge::balance::OutlierDetectionError>(())
+    /// ```
+    pub fn builder() -> OutlierDetectionBuilder {
+        OutlierDetectionBuilder {
+            config: OutlierDetection::default(),
+        }
+    }
+
+    /// No outlier detection: no backend is ejected and failures do not weigh the choice; the
+    /// balancer picks as it did before it learned of failures.
+    ///
+    /// ```
+    /// use tower_retry_hedge::balance::OutlierDetection;
+    ///
+    /// assert!(!OutlierDetection::disabled().is_enabled());
+    /// assert!(OutlierDetection::default().is_enabled());
+    /// ```
+    pub fn disabled() -> OutlierDetection {
+        OutlierDetection {
+            enabled: false,
+            ..OutlierDetection::default()
+        }
+    }
+
+    /// A builder that starts from these settings (enabled, whatever these were).
+    ///
+    /// ```
+    /// use tower_retry_hedge::balance::OutlierDetection;
+    ///
+    /// let a50 = OutlierDetection::from_json(r#"{"failurePercentageEjection": {}}"#)?;
+    /// // A50's knobs from the JSON, and the balancer's run of consecutive failures on top.
+    /// let both = a50.to_builder().consecutive_failures(Some(5)).build()?;
+    /// assert_eq!(both.consecutive_failures(), Some(5));
+    /// # Ok::<(), tower_retry_hedge::balance::OutlierDetectionError>(())
+    /// ```
+    pub fn to_builder(&self) -> OutlierDetectionBuilder {
+        OutlierDetectionBuilder {
+            config: OutlierDetection {
+                enabled: true,
+                ..self.clone()
+            },
+        }
+    }
+
+    /// Whether the balancer detects outliers at all.
+    pub fn is_enabled(&self) -> bool {
+        self.enabled
+    }
+
+    /// How often the interval algorithms run.
+    pub fn interval(&self) -> Duration {
+        self.interval
+    }
+
+    /// The first ejection's length; later ones multiply it.
+    pub fn base_ejection_time(&self) -> Duration {
+        self.base_ejection_time
+    }
+
+    /// The longest ejection (or the base ejection time, if longer).
+    pub fn max_ejection_time(&self) -> Duration {
+        self.max_ejection_time
+    }
+
+    /// The largest share of backends ejected at once, in percent.
+    pub fn max_ejection_percent(&self) -> u32 {
+        self.max_ejection_percent
+    }
+
+    /// Success-rate ejection, if on.
+    pub fn success_rate(&self) -> Option<SuccessRateEjection> {
+        self.success_rate
+    }
+
+    /// Failure-percentage ejection, if on.
+    pub fn failure_percentage(&self) -> Option<FailurePercentageEjection> {
+        self.failure_percentage
+    }
+
+    /// The run of consecutive failures that ejects a backend at once, if on.
+    pub fn consecutive_failures(&self) -> Option<u32> {
+        self.consecutive_failures
+    }
+
+    /// The time in which a recent failure (or success) loses half its weight in the choice.
+    pub fn failure_half_life(&self) -> Duration {
+        self.failure_half_life
+    }
+
+    /// The gRPC codes that count as failures.
+    pub fn failure_codes(&self) -> GrpcCodes {
+        self.failure_codes
+    }
+
+    /// The ejection time after `times` ejections: `base × times`, at most
+    /// `max(base, max_ejection_time)`.
+    pub(crate) fn ejection_time(&self, times: u32) -> Duration {
+        let cap = self.base_ejection_time.max(self.max_ejection_time);
+        self.base_ejection_time.saturating_mul(times).min(cap)
+    }
+
+    /// Settings from the JSON of gRPC's `outlier_detection_experimental` load-balancing
+    /// policy: its config object, or an object whose only key is
+    /// `outlier_detection_experimental` holding it.
+    ///
+    /// Fields, as gRFC A50 defines them: `interval`, `baseEjectionTime`, `maxEjectionTime`
+    /// (proto3 JSON durations such as `"10s"`), `maxEjectionPercent`, `successRateEjection`
+    /// `{stdevFactor, enforcementPercentage, minimumHosts, requestVolume}`,
+    /// `failurePercentageEjection` `{threshold, enforcementPercentage, minimumHosts,
+    /// requestVolume}` (unsigned 32-bit integers, as numbers or decimal strings). An absent (or
+    /// `null`) field takes A50's default, not the balancer's: `interval` 10 s, ejection times
+    /// 30 s and 300 s, 10 %, and an algorithm runs only if its object is present. Other keys
+    /// (`childPolicy`) are ignored, as gRPC ignores them. A50 has no run of consecutive
+    /// failures: it is off ([`to_builder`](Self::to_builder) turns it on); the failure
+    /// half-life and codes keep the balancer's defaults.
+    ///
+    /// The input is untrusted: a document longer than
+    /// [`MAX_DOCUMENT_BYTES`](crate::config::MAX_DOCUMENT_BYTES), bad JSON, a wrong type, a
+    /// malformed or negative duration, an `interval` of zero, a percentage above 100 or an
+    /// integer out of range is an [`OutlierDetectionError`] naming the field and the rule.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_retry_hedge::balance::OutlierDetection;
+    ///
+    /// let detection = OutlierDetection::from_json(r#"{"outlier_detection_experimental": {
+    ///     "interval": "1s", "baseEjectionTime": "10s", "maxEjectionPercent": 34,
+    ///     "failurePercentageEjection": {"threshold": 80, "minimumHosts": 3, "requestVolume": "20"},
+    ///     "childPolicy": [{"round_robin": {}}]
+    /// }}"#)?;
+    /// assert_eq!(detection.interval(), Duration::from_secs(1));
+    /// assert_eq!(detection.max_ejection_time(), Duration::from_secs(300));
+    /// assert_eq!(detection.failure_percentage().unwrap().request_volume, 20);
+    /// assert_eq!(detection.success_rate(), None);
+    ///
+    /// let error = OutlierDetection::from_json(r#"{"maxEjectionPercent": 101}"#).unwrap_err();
+    /// assert_eq!(error.field(), "maxEjectionPercent");
+    /// assert_eq!(error.to_string(), "maxEjectionPercent: must be at most 100, got 101");
+    /// # Ok::<(), tower_retry_hedge::balance::OutlierDetectionError>(())
+    /// ```
+    pub fn from_json(json: &str) -> Result<OutlierDetection, OutlierDetectionError> {
+        if json.len() > MAX_DOCUMENT_BYTES {
+            return Err(OutlierDetectionError {
+                field: String::new(),
+                rule: OutlierRule::DocumentTooLarge {
+                    max: MAX_DOCUMENT_BYTES,
+                },
+                got: Some(format!("{} bytes", json.len())),
+            });
+        }
+        let value: Value = serde_json::from_str(json).map_err(|error| {
+            let (line, column) = (error.line(), error.column());
+            let full = error.to_string();
+            let suffix = format!(" at line {line} column {column}");
+            let message = full.strip_suffix(&suffix).unwrap_or(&full).to_owned();
+            OutlierDetectionError::new(
+                "",
+                OutlierRule::Json {
+                    line,
+                    column,
+                    message,
+                },
+            )
+        })?;
+        let (object, prefix) = match value.as_object() {
+            Some(object) if object.len() == 1 && object.contains_key(POLICY_NAME) => {
+                match &object[POLICY_NAME] {
+                    Value::Object(inner) => (inner, format!("{POLICY_NAME}.")),
+                    other => return Err(wrong_type(POLICY_NAME, "an object", other)),
+                }
+            }
+            Some(object) => (object, String::new()),
+            None => return Err(wrong_type("", "an object", &value)),
+        };
+        let field = |name: &str| -> (String, Option<&Value>) {
+            let value = object.get(name).filter(|v| !v.is_null());
+            (format!("{prefix}{name}"), value)
+        };
+
+        let mut config = OutlierDetection {
+            enabled: true,
+            interval: Duration::from_secs(10),
+            base_ejection_time: Duration::from_secs(30),
+            max_ejection_time: Duration::from_secs(300),
+            max_ejection_percent: 10,
+            success_rate: None,
+            failure_percentage: None,
+            consecutive_failures: None,
+            ..OutlierDetection::default()
+        };
+        if let (path, Some(value)) = field("interval") {
+            config.interval = duration(&path, value)?;
+            if config.interval.is_zero() {
+                return Err(OutlierDetectionError::got(
+                    path,
+                    OutlierRule::NotPositive,
+                    value,
+                ));
+            }
+        }
+        if let (path, Some(value)) = field("baseEjectionTime") {
+            config.base_ejection_time = duration(&path, value)?;
+        }
+        if let (path, Some(value)) = field("maxEjectionTime") {
+            config.max_ejection_time = duration(&path, value)?;
+        }
+        if let (path, Some(value)) = field("maxEjectionPercent") {
+            config.max_ejection_percent = percent(&path, value)?;
+        }
+        if let (path, Some(value)) = field("successRateEjection") {
+            let object = value
+                .as_object()
+                .ok_or_else(|| wrong_type(&path, "an object", value))?;
+            let mut success_rate = SuccessRateEjection::default();
+            let sub = |name: &str| {
+                let value = object.get(name).filter(|v| !v.is_null());
+                (format!("{path}.{name}"), value)
+            };
+            if let (path, Some(value)) = sub("stdevFactor") {
+                success_rate.stdev_factor = uint32(&path, value)?;
+            }
+            if let (path, Some(value)) = sub("enforcementPercentage") {
+                success_rate.enforcement_percentage = percent(&path, value)?;
+            }
+            if let (path, Some(value)) = sub("minimumHosts") {
+                success_rate.minimum_hosts = uint32(&path, value)?;
+            }
+            if let (path, Some(value)) = sub("requestVolume") {
+                success_rate.request_volume = uint32(&path, value)?;
+            }
+            config.success_rate = Some(success_rate);
+        }
+        if let (path, Some(value)) = field("failurePercentageEjection") {
+            let object = value
+                .as_object()
+                .ok_or_else(|| wrong_type(&path, "an object", value))?;
+            let mut failure_percentage = FailurePercentageEjection::default();
+            let sub = |name: &str| {
+                let value = object.get(name).filter(|v| !v.is_null());
+                (format!("{path}.{name}"), value)
+            };
+            if let (path, Some(value)) = sub("threshold") {
+                failure_percentage.threshold = percent(&path, value)?;
+            }
+            if let (path, Some(value)) = sub("enforcementPercentage") {
+                failure_percentage.enforcement_percentage = percent(&path, value)?;
+            }
+            if let (path, Some(value)) = sub("minimumHosts") {
+                failure_percentage.minimum_hosts = uint32(&path, value)?;
+            }
+            if let (path, Some(value)) = sub("requestVolume") {
+                failure_percentage.request_volume = uint32(&path, value)?;
+            }
+            config.failure_percentage = Some(failure_percentage);
+        }
+        Ok(config)
+    }
+}
+
+/// The name gRPC registers the policy under.
+const POLICY_NAME: &str = "outlier_detection_experimental";
+
+fn wrong_type(path: &str, expected: &'static str, value: &Value) -> OutlierDetectionError {
+    OutlierDetectionError::got(path, OutlierRule::WrongType { expected }, value)
+}
+
+fn duration(path: &str, value: &Value) -> Result<Duration, OutlierDetectionError> {
+    let text = value
+        .as_str()
+        .ok_or_else(|| wrong_type(path, "a duration string such as \"10s\"", value))?;
+    parse_duration(text)
+        .map_err(|error| OutlierDetectionError::got(path, OutlierRule::Duration(error), value))
+}
+
+/// A proto3 JSON `uint32`: a number with no fraction, or a string of decimal digits.
+fn uint32(path: &str, value: &Value) -> Result<u32, OutlierDetectionError> {
+    let out_of_range = || OutlierDetectionError::got(path, OutlierRule::OutOfRange, value);
+    match value {
+        Value::Number(number) => {
+            if let Some(n) = number.as_u64() {
+                u32::try_from(n).map_err(|_| out_of_range())
+            } else if number.is_i64() {
+                Err(out_of_range())
+            } else {
+                // A float: an integer only if it has no fraction (proto3 JSON accepts `1e2`).
+                let float = number.as_f64().unwrap_or(f64::NAN);
+                if float.fract() == 0.0 && (0.0..=f64::from(u32::MAX)).contains(&float) {
+                    Ok(float as u32)
+                } else {
+                    Err(out_of_range())
+                }
+            }
+        }
+        Value::String(text) => {
+            if text.is_empty() || text.len() > 10 || !text.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(out_of_range());
+            }
+            text.parse::<u32>().map_err(|_| out_of_range())
+        }
+        other => Err(wrong_type(path, "an unsigned 32-bit integer", other)),
+    }
+}
+
+fn percent(path: &str, value: &Value) -> Result<u32, OutlierDetectionError> {
+    let n = uint32(path, value)?;
+    if n > 100 {
+        return Err(OutlierDetectionError::got(
+            path,
+            OutlierRule::Percent,
+            value,
+        ));
+    }
+    Ok(n)
+}
+
+/// Builds [`OutlierDetection`] from the [defaults](OutlierDetection::default); the values are
+/// checked by [`build`](Self::build).
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_retry_hedge::balance::{OutlierDetection, SuccessRateEjection};
+///
+/// let detection = OutlierDetection::builder()
+///     .interval(Duration::from_secs(5))
+///     .max_ejection_percent(20)
+///     .success_rate(Some(SuccessRateEjection::default()))
+///     .failure_half_life(Duration::from_secs(5))
+///     .build()?;
+/// assert_eq!(detection.success_rate(), Some(SuccessRateEjection::default()));
+/// # Ok::<(), tower_retry_hedge::balance::OutlierDetectionError>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct OutlierDetectionBuilder {
+    config: OutlierDetection,
+}
+
+impl OutlierDetectionBuilder {
+    /// How often the interval algorithms (success rate, failure percentage) judge the
+    /// answers of the interval that ends, and the "times ejected" of backends that stayed in
+    /// fades by one. Must be > 0.
+    pub fn interval(mut self, interval: Duration) -> Self {
+        self.config.interval = interval;
+        self
+    }
+
+    /// The first ejection's length: a backend ejected for the n-th time in a row stays out
+    /// `n × base`, at most [`max_ejection_time`](Self::max_ejection_time).
+    pub fn base_ejection_time(mut self, base: Duration) -> Self {
+        self.config.base_ejection_time = base;
+        self
+    }
+
+    /// The longest ejection (the base ejection time, if that is longer).
+    pub fn max_ejection_time(mut self, max: Duration) -> Self {
+        self.config.max_ejection_time = max;
+        self
+    }
+
+    /// The largest share of backends ejected at once, in percent (at most 100). One backend
+    /// may always be ejected, and never every backend.
+    pub fn max_ejection_percent(mut self, percent: u32) -> Self {
+        self.config.max_ejection_percent = percent;
+        self
+    }
+
+    /// Success-rate ejection, or `None` for none.
+    pub fn success_rate(mut self, success_rate: Option<SuccessRateEjection>) -> Self {
+        self.config.success_rate = success_rate;
+        self
+    }
+
+    /// Failure-percentage ejection, or `None` for none.
+    pub fn failure_percentage(
+        mut self,
+        failure_percentage: Option<FailurePercentageEjection>,
+    ) -> Self {
+        self.config.failure_percentage = failure_percentage;
+        self
+    }
+
+    /// Ejects a backend at once when this many of its answers in a row fail (Envoy's
+    /// `consecutive_5xx`), if another backend still in rotation does well; `None` for never.
+    /// Must be at least 1.
+    pub fn consecutive_failures(mut self, failures: Option<u32>) -> Self {
+        self.config.consecutive_failures = failures;
+        self
+    }
+
+    /// The time in which a recent failure or success loses half its weight in the choice
+    /// between two backends. Must be > 0.
+    pub fn failure_half_life(mut self, half_life: Duration) -> Self {
+        self.config.failure_half_life = half_life;
+        self
+    }
+
+    /// The gRPC codes that count as a backend's failure (in a Trailers-Only response's
+    /// headers, or in the trailers); [`DEFAULT_FAILURE_CODES`] unless set. HTTP 5xx and 429
+    /// answers without a gRPC status, and errors of the backend's service, always count.
+    pub fn failure_codes(mut self, codes: GrpcCodes) -> Self {
+        self.config.failure_codes = codes;
+        self
+    }
+
+    /// Counts ejections on OpenTelemetry instruments (feature `opentelemetry`): see
+    /// [`OutlierMetrics`](super::OutlierMetrics).
+    #[cfg(feature = "opentelemetry")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "opentelemetry")))]
+    pub fn metrics(mut self, metrics: super::OutlierMetrics) -> Self {
+        self.config.metrics = Some(metrics);
+        self
+    }
+
+    /// Checks the values.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_retry_hedge::balance::{OutlierDetection, OutlierRule};
+    ///
+    /// let error = OutlierDetection::builder().interval(Duration::ZERO).build().unwrap_err();
+    /// assert_eq!(error.field(), "interval");
+    /// assert_eq!(error.rule(), &OutlierRule::NotPositive);
+    /// ```
+    pub fn build(self) -> Result<OutlierDetection, OutlierDetectionError> {
+        let config = self.config;
+        if config.interval.is_zero() {
+            return Err(OutlierDetectionError::new(
+                "interval",
+                OutlierRule::NotPositive,
+            ));
+        }
+        if config.failure_half_life.is_zero() {
+            return Err(OutlierDetectionError::new(
+                "failure_half_life",
+                OutlierRule::NotPositive,
+            ));
+        }
+        let check_percent = |field: &'static str, value: u32| {
+            if value > 100 {
+                Err(OutlierDetectionError {
+                    field: field.to_owned(),
+                    rule: OutlierRule::Percent,
+                    got: Some(value.to_string()),
+                })
+            } else {
+                Ok(())
+            }
+        };
+        check_percent("max_ejection_percent", config.max_ejection_percent)?;
+        if let Some(success_rate) = config.success_rate {
+            check_percent(
+                "success_rate.enforcement_percentage",
+                success_rate.enforcement_percentage,
+            )?;
+        }
+        if let Some(failure_percentage) = config.failure_percentage {
+            check_percent("failure_percentage.threshold", failure_percentage.threshold)?;
+            check_percent(
+                "failure_percentage.enforcement_percentage",
+                failure_percentage.enforcement_percentage,
+            )?;
+        }
+        if config.consecutive_failures == Some(0) {
+            return Err(OutlierDetectionError {
+                field: "consecutive_failures".to_owned(),
+                rule: OutlierRule::AtLeastOne,
+                got: Some("0".to_owned()),
+            });
+        }
+        Ok(config)
+    }
+}
+
+impl fmt::Debug for OutlierDetection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut debug = f.debug_struct("OutlierDetection");
+        debug
+            .field("enabled", &self.enabled)
+            .field("interval", &self.interval)
+            .field("base_ejection_time", &self.base_ejection_time)
+            .field("max_ejection_time", &self.max_ejection_time)
+            .field("max_ejection_percent", &self.max_ejection_percent)
+            .field("success_rate", &self.success_rate)
+            .field("failure_percentage", &self.failure_percentage)
+            .field("consecutive_failures", &self.consecutive_failures)
+            .field("failure_half_life", &self.failure_half_life)
+            .field("failure_codes", &self.failure_codes);
+        #[cfg(feature = "opentelemetry")]
+        debug.field("metrics", &self.metrics.is_some());
+        debug.finish()
+    }
+}
+
+/// The rule an outlier-detection setting broke; see [`OutlierDetectionError`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OutlierRule {
+    /// The document is not JSON (or nests deeper than 128 levels).
+    Json {
+        /// 1-based line of the error.
+        line: usize,
+        /// 1-based column of the error.
+        column: usize,
+        /// What serde_json found wrong.
+        message: String,
+    },
+    /// The document is longer than [`MAX_DOCUMENT_BYTES`](crate::config::MAX_DOCUMENT_BYTES).
+    DocumentTooLarge {
+        /// The limit, in bytes.
+        max: usize,
+    },
+    /// A value has the wrong JSON type.
+    WrongType {
+        /// What it must be, such as `an object`.
+        expected: &'static str,
+    },
+    /// A duration is not a non-negative proto3 JSON duration.
+    Duration(DurationError),
+    /// A duration that must be > 0 (`interval`, the failure half-life) is zero.
+    NotPositive,
+    /// A percentage (or `threshold`) is above 100.
+    Percent,
+    /// An integer is not in `[0, 4294967295]` (or has a fraction).
+    OutOfRange,
+    /// A run of consecutive failures of zero.
+    AtLeastOne,
+}
+
+impl fmt::Display for OutlierRule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            OutlierRule::Json {
+                line,
+                column,
+                message,
+            } => write!(f, "invalid JSON at line {line} column {column}: {message}"),
+            OutlierRule::DocumentTooLarge { max } => write!(f, "must be at most {max} bytes long"),
+            OutlierRule::WrongType { expected } => write!(f, "must be {expected}"),
+            OutlierRule::Duration(error) => {
+                write!(f, "must be a proto3 JSON duration: {error}")
+            }
+            OutlierRule::NotPositive => f.write_str("must be a duration > 0"),
+            OutlierRule::Percent => f.write_str("must be at most 100"),
+            OutlierRule::OutOfRange => {
+                f.write_str("must be an unsigned 32-bit integer (0 to 4294967295)")
+            }
+            OutlierRule::AtLeastOne => f.write_str("must be at least 1 (None turns it off)"),
+        }
+    }
+}
+
+/// An outlier-detection setting that breaks a rule: which field (a JSON path such as
+/// `failurePercentageEjection.threshold`, or the builder's name such as
+/// `max_ejection_percent`), which [`OutlierRule`], and the offending value.
+///
+/// ```
+/// use tower_retry_hedge::balance::{OutlierDetection, OutlierRule};
+///
+/// let error = OutlierDetection::from_json(r#"{"baseEjectionTime": "-1s"}"#).unwrap_err();
+/// assert_eq!(error.field(), "baseEjectionTime");
+/// assert!(matches!(error.rule(), OutlierRule::Duration(_)));
+/// assert_eq!(
+///     error.to_string(),
+///     "baseEjectionTime: must be a proto3 JSON duration: duration must not be negative, got \"-1s\""
+/// );
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutlierDetectionError {
+    field: String,
+    rule: OutlierRule,
+    got: Option<String>,
+}
+
+/// The longest a value quoted in an error message may be, in characters.
+const MAX_QUOTED_CHARS: usize = 64;
+
+impl OutlierDetectionError {
+    fn new(field: impl Into<String>, rule: OutlierRule) -> Self {
+        OutlierDetectionError {
+            field: field.into(),
+            rule,
+            got: None,
+        }
+    }
+
+    fn got(field: impl Into<String>, rule: OutlierRule, value: &Value) -> Self {
+        let got = match value {
+            Value::String(text) => {
+                let mut cut: String = text.chars().take(MAX_QUOTED_CHARS).collect();
+                if cut.len() < text.len() {
+                    cut.push('\u{2026}');
+                }
+                format!("{cut:?}")
+            }
+            Value::Array(_) => "an array".to_owned(),
+            Value::Object(_) => "an object".to_owned(),
+            other => other.to_string(),
+        };
+        OutlierDetectionError {
+            field: field.into(),
+            rule,
+            got: Some(got),
+        }
+    }
+
+    /// The field: a JSON path, or the builder method's name; empty for the document itself.
+    pub fn field(&self) -> &str {
+        &self.field
+    }
+
+    /// The rule broken.
+    pub fn rule(&self) -> &OutlierRule {
+        &self.rule
+    }
+
+    /// The offending value, as JSON text cut to 64 characters (or its JSON type for objects
+    /// and arrays), when there is one.
+    pub fn value(&self) -> Option<&str> {
+        self.got.as_deref()
+    }
+}
+
+impl fmt::Display for OutlierDetectionError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.field.is_empty() {
+            write!(f, "outlier detection config: {}", self.rule)?;
+        } else {
+            write!(f, "{}: {}", self.field, self.rule)?;
+        }
+        if let Some(got) = &self.got {
+            write!(f, ", got {got}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for OutlierDetectionError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match &self.rule {
+            OutlierRule::Duration(error) => Some(error),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn error(json: &str) -> (String, OutlierRule, String) {
+        let error = OutlierDetection::from_json(json).expect_err(json);
+        (
+            error.field().to_owned(),
+            error.rule().clone(),
+            error.to_string(),
+        )
+    }
+
+    #[test]
+    fn absent_fields_take_a50s_defaults() {
+        let config = OutlierDetection::from_json("{}").unwrap();
+        assert_eq!(config.interval(), Duration::from_secs(10));
+        assert_eq!(config.base_ejection_time(), Duration::from_secs(30));
+        assert_eq!(config.max_ejection_time(), Duration::from_secs(300));
+        assert_eq!(config.max_ejection_percent(), 10);
+        assert_eq!(config.success_rate(), None);
+        assert_eq!(config.failure_percentage(), None);
+        assert_eq!(config.consecutive_failures(), None);
+        let config = OutlierDetection::from_json(
+            r#"{"successRateEjection": {}, "failurePercentageEjection": null}"#,
+        )
+        .unwrap();
+        assert_eq!(config.success_rate(), Some(SuccessRateEjection::default()));
+        assert_eq!(config.failure_percentage(), None);
+        let config = OutlierDetection::from_json(
+            r#"{"outlier_detection_experimental": {"failurePercentageEjection": {}}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            config.failure_percentage(),
+            Some(FailurePercentageEjection::default())
+        );
+    }
+
+    #[test]
+    fn every_field_is_read() {
+        let config = OutlierDetection::from_json(
+            r#"{
+              "interval": "0.5s", "baseEjectionTime": "2s", "maxEjectionTime": "20s",
+              "maxEjectionPercent": 100,
+              "successRateEjection": {"stdevFactor": 1000, "enforcementPercentage": 50,
+                                      "minimumHosts": 2, "requestVolume": 7},
+              "failurePercentageEjection": {"threshold": "60", "enforcementPercentage": 1e2,
+                                            "minimumHosts": 1, "requestVolume": 3.0},
+              "childPolicy": [{"round_robin": {}}], "somethingNew": true
+            }"#,
+        )
+        .unwrap();
+        assert_eq!(config.interval(), Duration::from_millis(500));
+        assert_eq!(config.base_ejection_time(), Duration::from_secs(2));
+        assert_eq!(config.max_ejection_time(), Duration::from_secs(20));
+        assert_eq!(config.max_ejection_percent(), 100);
+        assert_eq!(
+            config.success_rate(),
+            Some(SuccessRateEjection {
+                stdev_factor: 1000,
+                enforcement_percentage: 50,
+                minimum_hosts: 2,
+                request_volume: 7
+            })
+        );
+        assert_eq!(
+            config.failure_percentage(),
+            Some(FailurePercentageEjection {
+                threshold: 60,
+                enforcement_percentage: 100,
+                minimum_hosts: 1,
+                request_volume: 3
+            })
+        );
+    }
+
+    #[test]
+    fn bad_values_name_the_field_and_the_rule() {
+        let cases: &[(&str, &str, &str)] = &[
+            (
+                "[]",
+                "",
+                "outlier detection config: must be an object, got an array",
+            ),
+            (
+                "{",
+                "",
+                "outlier detection config: invalid JSON at line 1 column 1: EOF while parsing an object",
+            ),
+            (
+                r#"{"interval": "0s"}"#,
+                "interval",
+                "interval: must be a duration > 0, got \"0s\"",
+            ),
+            (
+                r#"{"interval": 10}"#,
+                "interval",
+                "interval: must be a duration string such as \"10s\", got 10",
+            ),
+            (
+                r#"{"interval": "10"}"#,
+                "interval",
+                "interval: must be a proto3 JSON duration: duration must end with 's', got \"10\"",
+            ),
+            (
+                r#"{"maxEjectionTime": "1m"}"#,
+                "maxEjectionTime",
+                "maxEjectionTime: must be a proto3 JSON duration: duration must end with 's', got \"1m\"",
+            ),
+            (
+                r#"{"maxEjectionPercent": -1}"#,
+                "maxEjectionPercent",
+                "maxEjectionPercent: must be an unsigned 32-bit integer (0 to 4294967295), got -1",
+            ),
+            (
+                r#"{"maxEjectionPercent": 4294967296}"#,
+                "maxEjectionPercent",
+                "maxEjectionPercent: must be an unsigned 32-bit integer (0 to 4294967295), got 4294967296",
+            ),
+            (
+                r#"{"maxEjectionPercent": 1.5}"#,
+                "maxEjectionPercent",
+                "maxEjectionPercent: must be an unsigned 32-bit integer (0 to 4294967295), got 1.5",
+            ),
+            (
+                r#"{"maxEjectionPercent": "ten"}"#,
+                "maxEjectionPercent",
+                "maxEjectionPercent: must be an unsigned 32-bit integer (0 to 4294967295), got \"ten\"",
+            ),
+            (
+                r#"{"maxEjectionPercent": true}"#,
+                "maxEjectionPercent",
+                "maxEjectionPercent: must be an unsigned 32-bit integer, got true",
+            ),
+            (
+                r#"{"successRateEjection": []}"#,
+                "successRateEjection",
+                "successRateEjection: must be an object, got an array",
+            ),
+            (
+                r#"{"successRateEjection": {"enforcementPercentage": 101}}"#,
+                "successRateEjection.enforcementPercentage",
+                "successRateEjection.enforcementPercentage: must be at most 100, got 101",
+            ),
+            (
+                r#"{"failurePercentageEjection": {"threshold": 200}}"#,
+                "failurePercentageEjection.threshold",
+                "failurePercentageEjection.threshold: must be at most 100, got 200",
+            ),
+            (
+                r#"{"outlier_detection_experimental": {"failurePercentageEjection": {"requestVolume": {}}}}"#,
+                "outlier_detection_experimental.failurePercentageEjection.requestVolume",
+                "outlier_detection_experimental.failurePercentageEjection.requestVolume: must be an unsigned 32-bit integer, got an object",
+            ),
+            (
+                r#"{"outlier_detection_experimental": 3}"#,
+                "outlier_detection_experimental",
+                "outlier_detection_experimental: must be an object, got 3",
+            ),
+        ];
+        for (json, field, message) in cases {
+            let (got_field, _, got_message) = error(json);
+            assert_eq!(&got_field, field, "{json}");
+            assert_eq!(&got_message, message, "{json}");
+        }
+        let long = format!("{{\"interval\": \"{}\"}}", "9".repeat(MAX_DOCUMENT_BYTES));
+        assert!(matches!(
+            error(&long).1,
+            OutlierRule::DocumentTooLarge { .. }
+        ));
+        let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
+        assert!(matches!(error(&deep).1, OutlierRule::Json { .. }));
+    }
+
+    #[test]
+    fn the_builder_checks_its_values() {
+        let cases = [
+            (
+                OutlierDetection::builder().interval(Duration::ZERO),
+                "interval",
+            ),
+            (
+                OutlierDetection::builder().failure_half_life(Duration::ZERO),
+                "failure_half_life",
+            ),
+            (
+                OutlierDetection::builder().max_ejection_percent(101),
+                "max_ejection_percent",
+            ),
+            (
+                OutlierDetection::builder().success_rate(Some(SuccessRateEjection {
+                    enforcement_percentage: 101,
+                    ..Default::default()
+                })),
+                "success_rate.enforcement_percentage",
+            ),
+            (
+                OutlierDetection::builder().failure_percentage(Some(FailurePercentageEjection {
+                    threshold: 101,
+                    ..Default::default()
+                })),
+                "failure_percentage.threshold",
+            ),
+            (
+                OutlierDetection::builder().failure_percentage(Some(FailurePercentageEjection {
+                    enforcement_percentage: 101,
+                    ..Default::default()
+                })),
+                "failure_percentage.enforcement_percentage",
+            ),
+            (
+                OutlierDetection::builder().consecutive_failures(Some(0)),
+                "consecutive_failures",
+            ),
+        ];
+        for (builder, field) in cases {
+            assert_eq!(builder.build().unwrap_err().field(), field);
+        }
+        assert!(OutlierDetection::builder().build().is_ok());
+    }
+
+    #[test]
+    fn the_ejection_time_grows_with_the_times_ejected_up_to_the_cap() {
+        let config = OutlierDetection::builder()
+            .base_ejection_time(Duration::from_secs(30))
+            .max_ejection_time(Duration::from_secs(100))
+            .build()
+            .unwrap();
+        let secs = |times| config.ejection_time(times).as_secs();
+        assert_eq!(
+            [secs(1), secs(2), secs(3), secs(4), secs(100)],
+            [30, 60, 90, 100, 100]
+        );
+        // A cap below the base: the base.
+        let config = OutlierDetection::builder()
+            .base_ejection_time(Duration::from_secs(30))
+            .max_ejection_time(Duration::from_secs(10))
+            .build()
+            .unwrap();
+        assert_eq!(config.ejection_time(5), Duration::from_secs(30));
+        // Huge values saturate instead of overflowing.
+        let config = OutlierDetection::from_json(
+            r#"{"baseEjectionTime": "315576000000s", "maxEjectionTime": "315576000000s"}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            config.ejection_time(u32::MAX),
+            Duration::from_secs(315_576_000_000)
+        );
+    }
+}
