@@ -1,5 +1,5 @@
 //! Several backends: what sending each attempt of a call to a backend the call has not tried
-//! buys, for hedges and for retries.
+//! buys, for hedges and for retries, and what outlier detection adds when a backend is dead.
 //!
 //! Three backends answer after 1 ms ± 20 % (uniform). Calls arrive at 1000/s (one every
 //! millisecond, open loop) on tokio's paused clock, with seeded generators, and go through:
@@ -7,10 +7,12 @@
 //! - `random`: tower's `p2c::Balance` over endpoints that all report load 0, which is what
 //!   tonic's `Channel::balance_list` builds: every attempt is a uniform pick;
 //! - `ours, no record`: this crate's `balance::Balance` over endpoints whose load is their
-//!   requests in flight (tower's `PendingRequests`), without the call's `TriedBackends`: power
-//!   of two choices on load, as tower's balancer does;
-//! - `ours`: the same with the record (the policy table's default once a `Balance` exists):
-//!   each attempt goes to a backend its call has not tried.
+//!   requests in flight (tower's `PendingRequests`), without the call's `TriedBackends` and
+//!   without outlier detection: power of two choices on load, as tower's balancer does;
+//! - `ours, record only`: the same with the record (`track_backends(true)`), each attempt
+//!   going to a backend its call has not tried, and still no outlier detection: the balancer
+//!   as it was before it learned of failures (retry run only);
+//! - `ours`: the balancer as it comes, with the record and its default outlier detection.
 //!
 //! Two runs:
 //!
@@ -20,8 +22,9 @@
 //!   and max latency, and the extra requests the backends received. `bare` rows are the
 //!   balancers without hedging.
 //! - retry: backend `c` answers every attempt with UNAVAILABLE after 0.2 ms; the retry layer
-//!   allows 3 attempts (gRFC A6's example backoff, 0.1 s × 2 up to 1 s, ±20 %; no throttle).
-//!   Printed: failed calls per 10 000 and attempts per call.
+//!   allows 3 attempts (gRFC A6's example backoff, 0.1 s × 2 up to 1 s, ±20 %), without a
+//!   throttle and with the README's quick-start throttle `{10, 0.1}`. Printed: failed calls per
+//!   10 000, attempts per call, and the share of first attempts that reached `c`.
 //!
 //! As in `hedge_tail`, the paused clock runs 10 times faster than the model by default
 //! (`--scale 10`), so that tokio's whole-millisecond timers keep a 0.1 ms resolution; every
@@ -61,10 +64,10 @@ use tower::load::{CompleteOnResponse, Constant, PendingRequests};
 use tower::util::BoxCloneService;
 use tower::{BoxError, Layer, Service, ServiceExt};
 use tower_retry_hedge::backoff::Exponential;
-use tower_retry_hedge::balance::{Balance, ResponseBody};
+use tower_retry_hedge::balance::{Balance, OutlierDetection, ResponseBody};
 use tower_retry_hedge::classify::{Code, GrpcCodes};
 use tower_retry_hedge::policy::PoliciesBuilder;
-use tower_retry_hedge::{HedgeLayer, HedgePolicy, Policies, RetryLayer, RetryPolicy};
+use tower_retry_hedge::{HedgeLayer, HedgePolicy, Policies, RetryLayer, RetryPolicy, Throttle};
 
 use common::{Cli, Req, Res, SERVICE, Seeded, grpc_request, paused_runtime, print_table, quantile};
 
@@ -114,6 +117,8 @@ struct Backend {
     behaviour: Behaviour,
     rng: Arc<Mutex<SmallRng>>,
     requests: Arc<AtomicU64>,
+    /// Requests without `grpc-previous-rpc-attempts`: first attempts.
+    first: Arc<AtomicU64>,
     scale: Scale,
 }
 
@@ -123,6 +128,7 @@ impl Backend {
             behaviour,
             rng: Arc::new(Mutex::new(SmallRng::seed_from_u64(seed))),
             requests: Arc::new(AtomicU64::new(0)),
+            first: Arc::new(AtomicU64::new(0)),
             scale,
         }
     }
@@ -158,8 +164,11 @@ impl Service<Req> for Backend {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, _request: Req) -> Self::Future {
+    fn call(&mut self, request: Req) -> Self::Future {
         self.requests.fetch_add(1, Ordering::Relaxed);
+        if !request.headers().contains_key("grpc-previous-rpc-attempts") {
+            self.first.fetch_add(1, Ordering::Relaxed);
+        }
         let (model_ms, status) = self.answer();
         let latency = self.scale.clock(model_ms);
         Box::pin(async move {
@@ -182,6 +191,7 @@ impl tower::util::rng::Rng for SeededRng {
 enum Balancer {
     Random,
     OursNoRecord,
+    OursRecordOnly,
     Ours,
 }
 
@@ -190,12 +200,36 @@ impl Balancer {
         match self {
             Balancer::Random => "random (tonic's balance_list)",
             Balancer::OursNoRecord => "ours, no record",
+            Balancer::OursRecordOnly => "ours, record only",
             Balancer::Ours => "ours",
         }
     }
 
+    /// The outlier detection of this balancer: the defaults for `Ours`, in model time (the
+    /// detection runs on the paused clock, `scale` times faster), none for the others.
+    fn outlier_detection(self, scale: Scale) -> OutlierDetection {
+        if self != Balancer::Ours {
+            return OutlierDetection::disabled();
+        }
+        let defaults = OutlierDetection::default();
+        let model = |duration: Duration| scale.clock(duration.as_secs_f64() * 1000.0);
+        defaults
+            .to_builder()
+            .interval(model(defaults.interval()))
+            .base_ejection_time(model(defaults.base_ejection_time()))
+            .max_ejection_time(model(defaults.max_ejection_time()))
+            .failure_half_life(model(defaults.failure_half_life()))
+            .build()
+            .expect("the defaults, scaled, are valid")
+    }
+
     /// The balancer over `backends`, behind a buffer (the layers clone their service).
-    fn over(self, backends: &[Backend], seed: u64) -> BoxCloneService<Req, Res, BoxError> {
+    fn over(
+        self,
+        backends: &[Backend],
+        seed: u64,
+        scale: Scale,
+    ) -> BoxCloneService<Req, Res, BoxError> {
         match self {
             Balancer::Random => {
                 let endpoints = backends.iter().map(|b| Constant::new(b.clone(), 0u32));
@@ -205,12 +239,13 @@ impl Balancer {
                 );
                 BoxCloneService::new(Buffer::new(balance, BUFFER))
             }
-            Balancer::OursNoRecord | Balancer::Ours => {
+            Balancer::OursNoRecord | Balancer::OursRecordOnly | Balancer::Ours => {
                 let endpoints = backends
                     .iter()
                     .map(|b| PendingRequests::new(b.clone(), CompleteOnResponse::default()));
                 let balance =
-                    Balance::with_seed(ServiceList::new(endpoints.collect::<Vec<_>>()), seed);
+                    Balance::with_seed(ServiceList::new(endpoints.collect::<Vec<_>>()), seed)
+                        .outlier_detection(self.outlier_detection(scale));
                 // The simulated answers are Trailers-Only: the balancer judged them on their
                 // headers, and their bodies have nothing more to tell it.
                 let balanced = Buffer::new(balance, BUFFER)
@@ -220,9 +255,10 @@ impl Balancer {
         }
     }
 
-    /// A policy table that keeps the call's record when this is `Ours`.
+    /// A policy table that keeps the call's record for the balancers that use it.
     fn policies(self) -> PoliciesBuilder {
-        Policies::builder().track_backends(self == Balancer::Ours)
+        Policies::builder()
+            .track_backends(matches!(self, Balancer::OursRecordOnly | Balancer::Ours))
     }
 
     /// `layer` over this balancer.
@@ -231,13 +267,14 @@ impl Balancer {
         layer: L,
         backends: &[Backend],
         seed: u64,
+        scale: Scale,
     ) -> BoxCloneService<Req, Res, BoxError>
     where
         L: Layer<BoxCloneService<Req, Res, BoxError>>,
         L::Service: Service<Req, Response = Res, Error = BoxError> + Clone + Send + 'static,
         <L::Service as Service<Req>>::Future: Send,
     {
-        BoxCloneService::new(layer.layer(self.over(backends, seed)))
+        BoxCloneService::new(layer.layer(self.over(backends, seed, scale)))
     }
 }
 
@@ -314,14 +351,14 @@ async fn hedge_rows(calls: usize, seed: u64, scale: Scale) -> Result<Vec<Vec<Str
             };
             let backends = backends(behaviour, seed, scale);
             let client = if max_attempts == 1 {
-                balancer.client(tower::layer::util::Identity::new(), &backends, seed)
+                balancer.client(tower::layer::util::Identity::new(), &backends, seed, scale)
             } else {
                 let policy = HedgePolicy::builder()
                     .max_attempts(max_attempts)
                     .delay(scale.clock(HEDGE_DELAY_MS))
                     .build()?;
                 let layer = HedgeLayer::new(balancer.policies().service(SERVICE, policy).build());
-                balancer.client(layer, &backends, seed)
+                balancer.client(layer, &backends, seed, scale)
             };
             let outcome = run(client, calls, scale).await?;
             if outcome.failed > 0 {
@@ -360,26 +397,40 @@ async fn hedge_rows(calls: usize, seed: u64, scale: Scale) -> Result<Vec<Vec<Str
     Ok(rows)
 }
 
-/// The retry run: one row per balancer.
+/// The retry run: one row per throttle and balancer.
 async fn retry_rows(calls: usize, seed: u64, scale: Scale) -> Result<Vec<Vec<String>>, BoxError> {
     let mut rows = Vec::new();
-    for balancer in [Balancer::Random, Balancer::OursNoRecord, Balancer::Ours] {
-        let backends = backends(Behaviour::Dead, seed, scale);
-        let backoff = Exponential::grpc(scale.clock(100.0), scale.clock(1000.0), 2.0)?;
-        let policy = RetryPolicy::builder()
-            .max_attempts(3)
-            .backoff(Seeded::new(backoff, seed))
-            .retryable(GrpcCodes::from([Code::Unavailable]))
-            .build()?;
-        let layer = RetryLayer::new(balancer.policies().service(SERVICE, policy).build());
-        let client = balancer.client(layer, &backends, seed);
-        let outcome = run(client, calls, scale).await?;
-        let per_10k = outcome.failed as f64 * 10_000.0 / calls as f64;
-        rows.push(vec![
-            balancer.name().to_string(),
-            format!("{per_10k:.1}"),
-            format!("{:.4}", requests(&backends) as f64 / calls as f64),
-        ]);
+    for throttled in [false, true] {
+        for balancer in [
+            Balancer::Random,
+            Balancer::OursNoRecord,
+            Balancer::OursRecordOnly,
+            Balancer::Ours,
+        ] {
+            let backends = backends(Behaviour::Dead, seed, scale);
+            let backoff = Exponential::grpc(scale.clock(100.0), scale.clock(1000.0), 2.0)?;
+            let policy = RetryPolicy::builder()
+                .max_attempts(3)
+                .backoff(Seeded::new(backoff, seed))
+                .retryable(GrpcCodes::from([Code::Unavailable]))
+                .build()?;
+            let mut policies = balancer.policies().service(SERVICE, policy);
+            if throttled {
+                policies = policies.throttle(Throttle::new(10, 0.1)?);
+            }
+            let layer = RetryLayer::new(policies.build());
+            let client = balancer.client(layer, &backends, seed, scale);
+            let outcome = run(client, calls, scale).await?;
+            let per_10k = outcome.failed as f64 * 10_000.0 / calls as f64;
+            let dead_first = backends[2].first.load(Ordering::Relaxed) as f64 / calls as f64;
+            rows.push(vec![
+                if throttled { "{10, 0.1}" } else { "none" }.to_string(),
+                balancer.name().to_string(),
+                format!("{per_10k:.1}"),
+                format!("{:.4}", requests(&backends) as f64 / calls as f64),
+                format!("{:.1}%", dead_first * 100.0),
+            ]);
+        }
     }
     println!(
         "retry: {calls} calls at 1/ms; 3 backends, c answers UNAVAILABLE; maxAttempts 3; seed \
@@ -432,7 +483,16 @@ fn main() -> Result<(), BoxError> {
     );
     println!();
     let rows = runtime.block_on(retry_rows(retry_calls, seed, scale))?;
-    print_table(&["balancer", "failed per 10 000", "attempts/call"], &rows);
+    print_table(
+        &[
+            "throttle",
+            "balancer",
+            "failed per 10 000",
+            "attempts/call",
+            "first attempts on c",
+        ],
+        &rows,
+    );
     Ok(())
 }
 
