@@ -610,7 +610,7 @@ impl Engine {
             reader
         };
         if chosen != reader {
-            tracing::debug!(attempt = attempt.send, "lost the commit to another attempt");
+            // The body went to another reader first: `on_commit` tells of it.
             self.on_commit(chosen);
             return false;
         }

@@ -38,8 +38,7 @@
 //! | event | `pushback over the cap` | DEBUG | `delay` | the server asked for a `delay` longer than [`max_pushback`](crate::policy::PoliciesBuilder::max_pushback): taken as "do not retry" |
 //! | event | `throttled` | DEBUG | `attempt` | the throttle refused `attempt`, a retry or a hedge: no more attempts |
 //! | event | `hedge over budget` | DEBUG | `attempt` | the hedging policy's [`HedgeBudget`](crate::throttle::HedgeBudget) is spent: `attempt` is not sent, nor any later hedge of the call |
-//! | event | `lost the commit to another attempt` | DEBUG | `attempt` | `attempt` answered, but the request body had committed to another attempt first: its answer is dropped and that attempt goes on |
-//! | event | `committed` | DEBUG | `attempt`, `reason` | the call is committed to `attempt` (empty: to none still in flight) and no new attempt starts; `reason` is `success` or `fatal` (its answer is returned), `refused` (a second refusal the policy also saw as one), or `body` (the request body outgrew the replay buffer, failed, or could not be replayed) |
+//! | event | `committed` | DEBUG | `attempt`, `reason` | the call is committed to `attempt` (empty: to none still in flight) and no new attempt starts; `reason` is `success` or `fatal` (its answer is returned), `refused` (a second refusal the policy also saw as one), or `body` (the request body outgrew the replay buffer, failed, or could not be replayed; also when an answer came in after the body had committed to another attempt, whose answer then wins) |
 //! | event | `per-attempt timeout` | DEBUG | `attempt` | `attempt` outlived its per-attempt timeout |
 //! | event | `deadline exceeded` | DEBUG | `attempts` | the call's deadline passed after `attempts` sends: it fails |
 //! | event | `request body outgrew the retry buffer; committed` | DEBUG | `reader`, `bytes_read`, `overflow` | the replay body (not necessarily in the call's span: any task may poll it) |
@@ -48,6 +47,9 @@
 //! | event | `request body has no such reader; not committed` | DEBUG | `reader` | [`ReplayBody::commit_to`](crate::body::ReplayBody::commit_to) was given an id it never gave out |
 //! | event | `request body too large to record for replay` | DEBUG | `size_hint.lower`, `per_call`, `available` | the body's size hint is over the buffer limits: it is sent once, as it is |
 //! | event | `balance: dropping an endpoint that failed` | DEBUG | `error` | (feature `balance`) a backend's service failed and left the balancer |
+//! | event | `balance: backend ejected` | WARN | `backend`, `id`, `reason`, `failure_rate`, `ejection_time`, `times` | (feature `balance`) outlier detection took `backend` out of rotation for `ejection_time` (its `times`-th ejection); `reason` is `consecutive_failures`, `failure_percentage` or `success_rate` |
+//! | event | `balance: backend back in rotation` | INFO | `backend`, `id`, `ejected_for`, `times` | (feature `balance`) an ejected backend's time is up: it is drawn again, at a reduced share until it answers well |
+//! | event | `balance: outlier not ejected: the most backends that may be are` | DEBUG | `backend`, `id`, `reason`, `ejected`, `backends` | (feature `balance`) `backend` is an outlier (`reason` as for `backend ejected`: `consecutive_failures`, `failure_percentage`, `success_rate`), but `ejected` of `backends` are out already |
 //! | event | `service config: unknown fields ignored` | WARN | `count`, `keys` | (outside any call) a service config was parsed with keys gRPC does not define: `keys` names the first ten with their paths and near misses; [`ServiceConfig::ignored`](crate::ServiceConfig::ignored) lists them |
 //!
 //! To see them, enable `DEBUG` for the crate, for example with tracing-subscriber's

@@ -468,6 +468,32 @@ async fn every_row() {
 
     #[cfg(feature = "balance")]
     balance_drops_a_failing_endpoint();
+    #[cfg(feature = "balance")]
+    balance_ejects_an_outlier_and_brings_it_back().await;
+
+    // `hedge over budget`: a budget with no share and no floor lets no hedge through.
+    let budget = tower_retry_hedge::throttle::HedgeBudget::new(ms(1000), 0, 0.0).unwrap();
+    let budgeted = HedgePolicy::builder()
+        .max_attempts(2)
+        .delay(ms(10))
+        .budget(budget)
+        .build()
+        .unwrap();
+    let policies = Policies::builder().method(METHOD, budgeted).build();
+    let (service, mut handle) = mock::pair::<Req, Res>();
+    let call = tokio::spawn(
+        HedgeLayer::new(policies)
+            .layer(service)
+            .oneshot(grpc_request("x")),
+    );
+    let (_, reply) = handle.next_request().await.expect("the first attempt");
+    tokio::time::sleep(ms(20)).await;
+    reply.send_response(grpc_ok());
+    call.await.unwrap().unwrap();
+
+    // `service config: unknown fields ignored` (outside any call).
+    let config = tower_retry_hedge::ServiceConfig::from_json(r#"{"methodConfg": []}"#).unwrap();
+    assert_eq!(config.ignored().len(), 1);
 }
 
 /// `balance: dropping an endpoint that failed`.
@@ -484,6 +510,46 @@ fn balance_drops_a_failing_endpoint() {
     let mut balance = mock::Spawn::new(Balance::<_, Req>::new(endpoints));
     let _ = balance.poll_ready();
     assert_eq!(balance.get_ref().len(), 1);
+}
+
+/// Two dead backends of three, under outlier detection that ejects on a run of three
+/// failures: the first is ejected (`backend ejected`); the second may not be while the first
+/// is out (`outlier not ejected`: at most one of three); 30 s later the first comes back.
+#[cfg(feature = "balance")]
+async fn balance_ejects_an_outlier_and_brings_it_back() {
+    use tower::Service;
+    use tower::discover::ServiceList;
+    use tower::load::{CompleteOnResponse, PendingRequests};
+    use tower::util::BoxService;
+    use tower_retry_hedge::balance::{Balance, OutlierDetection};
+
+    let backend = |status: &'static str| {
+        let service = tower::service_fn(move |_: Req| async move {
+            let response = Response::builder()
+                .header("content-type", "application/grpc")
+                .header("grpc-status", status)
+                .body(Full::new(Bytes::new()))
+                .expect("a valid response");
+            Ok::<_, std::convert::Infallible>(response)
+        });
+        PendingRequests::new(BoxService::new(service), CompleteOnResponse::default())
+    };
+    let detection = OutlierDetection::builder()
+        .consecutive_failures(Some(3))
+        .failure_percentage(None)
+        .build()
+        .unwrap();
+    let backends = ServiceList::new(vec![backend("14"), backend("14"), backend("0")]);
+    let mut balance = Balance::with_seed(backends, 3).outlier_detection(detection);
+    let outliers = balance.outliers();
+    for _ in 0..60 {
+        let ready = balance.ready().await.unwrap();
+        let _ = ready.call(grpc_request("x")).await;
+    }
+    assert_eq!(outliers.ejected().len(), 1);
+    tokio::time::sleep(Duration::from_secs(31)).await;
+    let _ = balance.ready().await.unwrap().call(grpc_request("x")).await;
+    assert!(outliers.returns() >= 1);
 }
 
 #[test]
