@@ -594,6 +594,16 @@ fn answer_with(
     })
 }
 
+/// The first attempt fails with a retryable code, and the call ends with that failure at
+/// once: no retry can be made.
+fn fails_at_once_with_its_first_attempt(engine: &mut Engine) {
+    assert_eq!(
+        answer(engine, AttemptId::FIRST, RETRYABLE, t0()),
+        Verdict::Keep
+    );
+    assert_eq!(poll(engine, t0()), Action::End(End::Last(AttemptId::FIRST)));
+}
+
 fn recorded(rules: Rules, deadline: Option<Instant>) -> Engine {
     Engine::new(rules, deadline, BodyKind::Recorded, 1)
 }
@@ -603,14 +613,7 @@ fn a_body_committed_to_the_attempt_that_fails_in_the_same_poll_returns_that_fail
     let mut engine = recorded(rules(Mode::Retry(retry_policy(|b| b)), 5, None), None);
     // The body's source failed while attempt 1 read it; attempt 1 answered 503.
     engine.on_commit(1);
-    assert_eq!(
-        answer(&mut engine, AttemptId::FIRST, RETRYABLE, t0()),
-        Verdict::Keep
-    );
-    assert_eq!(
-        poll(&mut engine, t0()),
-        Action::End(End::Last(AttemptId::FIRST))
-    );
+    fails_at_once_with_its_first_attempt(&mut engine);
 }
 
 #[test]
@@ -701,14 +704,7 @@ fn a_body_sent_once_fails_at_once_without_asking_the_hook_or_the_throttle() {
         BodyKind::Once,
         0,
     );
-    assert_eq!(
-        answer(&mut engine, AttemptId::FIRST, RETRYABLE, t0()),
-        Verdict::Keep
-    );
-    assert_eq!(
-        poll(&mut engine, t0()),
-        Action::End(End::Last(AttemptId::FIRST))
-    );
+    fails_at_once_with_its_first_attempt(&mut engine);
     assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 0);
     assert_eq!(throttle.asked(), 0);
 }

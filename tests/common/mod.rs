@@ -266,3 +266,56 @@ impl<R: Attempt> Drop for AttemptGuard<R> {
         }
     }
 }
+
+/// A service that notes when each request reaches the service it wraps: how many attempts a
+/// call made below the layers, and when.
+#[derive(Clone)]
+pub struct Sends<S> {
+    inner: S,
+    at: Arc<Mutex<Vec<Instant>>>,
+}
+
+#[allow(dead_code)] // Not every test target counts sends.
+impl<S> Sends<S> {
+    pub fn new(inner: S) -> Self {
+        Sends {
+            inner,
+            at: Arc::default(),
+        }
+    }
+
+    /// The times of the sends so far (another clone's too: clones share the record).
+    pub fn times(&self) -> Vec<Instant> {
+        self.at
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    pub fn count(&self) -> usize {
+        self.times().len()
+    }
+}
+
+impl<S, R> tower::Service<R> for Sends<S>
+where
+    S: tower::Service<R>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: R) -> S::Future {
+        let mut at = self.at.lock().unwrap_or_else(PoisonError::into_inner);
+        at.push(Instant::now());
+        drop(at);
+        self.inner.call(request)
+    }
+}

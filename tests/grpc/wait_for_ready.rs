@@ -5,20 +5,19 @@
 //! backoff. With wait-for-ready, it is resent until the deadline. The clock is paused: the
 //! backoffs pass as soon as the runtime is idle, and the times below are exact.
 
-use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::time::Instant;
 use tonic::Code;
 use tonic::transport::{Channel, Endpoint};
-use tower::{Service, ServiceBuilder};
+use tower::ServiceBuilder;
 use tower_retry_hedge::backoff::{Exponential, Jitter};
 use tower_retry_hedge::classify::{self, GrpcCodes};
 use tower_retry_hedge::error::Attempted;
 use tower_retry_hedge::metadata::Attempts;
 use tower_retry_hedge::{MethodPolicy, Policies, RetryLayer, RetryPolicy};
 
+use super::common::Sends;
 use super::common::pb::echo_client::EchoClient;
 use super::{SERVICE, echo, guard};
 
@@ -34,42 +33,14 @@ async fn channel_to_nothing() -> Channel {
         .connect_lazy()
 }
 
-/// Records when each attempt reaches the channel.
-#[derive(Clone)]
-struct Sends<S> {
-    inner: S,
-    at: Arc<Mutex<Vec<Instant>>>,
-}
-
-impl<S, R> Service<R> for Sends<S>
-where
-    S: Service<R>,
-{
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = S::Future;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: R) -> S::Future {
-        self.at.lock().expect("not poisoned").push(Instant::now());
-        self.inner.call(request)
-    }
-}
-
 /// Calls the echo service on nothing, through the retry layer with `policies`; gives the
 /// status and the times of the sends, from the call's start.
 async fn call_nothing(
     policies: Policies,
     timeout: Option<Duration>,
 ) -> (tonic::Status, Vec<Duration>) {
-    let at = Arc::new(Mutex::new(Vec::new()));
-    let sends = Sends {
-        inner: channel_to_nothing().await,
-        at: Arc::clone(&at),
-    };
+    let sends = Sends::new(channel_to_nothing().await);
+    let times = sends.clone();
     let mut client = EchoClient::new(
         ServiceBuilder::new()
             .layer(RetryLayer::new(policies))
@@ -83,7 +54,7 @@ async fn call_nothing(
     let status = guard(client.unary(request))
         .await
         .expect_err("nothing listens");
-    let at = at.lock().expect("not poisoned");
+    let at = times.times();
     (status, at.iter().map(|t| *t - start).collect())
 }
 

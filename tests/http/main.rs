@@ -284,40 +284,10 @@ async fn status_429_without_retry_after_is_not_retried() {
 /// "never sent".
 #[cfg(feature = "hyper-util")]
 mod connection_refused {
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::task::{Context, Poll};
-
-    use tower::Service;
     use tower_retry_hedge::classify::{Outcome, transport_outcome};
     use tower_retry_hedge::metadata::Attempts;
 
     use super::*;
-
-    /// Counts the requests that reach the wrapped service.
-    #[derive(Clone)]
-    struct Counting<S> {
-        inner: S,
-        calls: Arc<AtomicUsize>,
-    }
-
-    impl<S, R> Service<R> for Counting<S>
-    where
-        S: Service<R>,
-    {
-        type Response = S::Response;
-        type Error = S::Error;
-        type Future = S::Future;
-
-        fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
-            self.inner.poll_ready(cx)
-        }
-
-        fn call(&mut self, request: R) -> S::Future {
-            self.calls.fetch_add(1, Ordering::SeqCst);
-            self.inner.call(request)
-        }
-    }
 
     #[tokio::test]
     async fn connection_refused_is_retried_by_the_policy_then_returned() {
@@ -337,11 +307,8 @@ mod connection_refused {
         let policies = Policies::builder()
             .route(Route::prefix("/"), policy)
             .build();
-        let calls = Arc::new(AtomicUsize::new(0));
-        let counting = Counting {
-            inner: http_client::<Body>(),
-            calls: Arc::clone(&calls),
-        };
+        let counting = common::Sends::new(http_client::<Body>());
+        let sends = counting.clone();
         let svc = ServiceBuilder::new()
             .layer(RetryLayer::new(policies.clone()))
             .service(counting);
@@ -360,7 +327,7 @@ mod connection_refused {
         assert_eq!(transport_outcome(&*error), Some(Outcome::NotSent));
         // An UNAVAILABLE (503) failure for the policy: two counted attempts, maxAttempts 2.
         assert_eq!(Attempts::of_error(&*error), Attempts::new(2, 0));
-        assert_eq!(calls.load(Ordering::SeqCst), 2);
+        assert_eq!(sends.count(), 2);
         assert_buffers_free(&policies);
     }
 }
