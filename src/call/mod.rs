@@ -14,7 +14,9 @@ use tower_service::Service;
 
 pub(crate) use self::future::CallFuture;
 use crate::body::{BufferLimits, Copies, Replay};
-use crate::engine::{self, BodyKind, CallFacts, CommitBody, Engine, Plan, Send, Start, TableFacts};
+use crate::engine::{
+    self, BodyKind, CallFacts, CommitBody, Engine, Mode, Plan, Send, Start, TableFacts,
+};
 use crate::grpc_timeout;
 use crate::metadata::{AttemptInfo, Deadline, GRPC_PREVIOUS_RPC_ATTEMPTS_NAME, TriedBackends};
 use crate::policy::Policies;
@@ -37,17 +39,9 @@ fn is_grpc_content_type(value: Option<&HeaderValue>) -> bool {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Driven;
 
-/// Which layer a call went through, for its tracing span.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Layer {
-    Retry,
-    Hedge,
-}
-
 /// A layer's `call`: finds the request's policy, and drives the call as the engine's
 /// [`plan`](crate::engine::plan) says, or passes it through.
 pub(crate) fn call<S, B>(
-    layer: Layer,
     inner: &mut S,
     slot: &mut Option<Arc<Shared<S>>>,
     policies: &Policies,
@@ -86,13 +80,14 @@ where
         policies.throttle_for(&request)
     };
     let route = matched.and_then(|m| m.route.cloned());
-    let span = match layer {
-        Layer::Retry => tracing::debug_span!(
+    // Named for what the call does, whichever layer drives it.
+    let span = match start.rules.mode {
+        Mode::Retry(_) | Mode::Single => tracing::debug_span!(
             "retry",
             path = %request.uri().path(),
             http.request.resend_count = tracing::field::Empty,
         ),
-        Layer::Hedge => tracing::debug_span!(
+        Mode::Hedge(..) => tracing::debug_span!(
             "hedge",
             path = %request.uri().path(),
             http.request.resend_count = tracing::field::Empty,

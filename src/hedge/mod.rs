@@ -102,7 +102,7 @@ use tower_service::Service;
 pub use self::layer::HedgeLayer;
 use crate::BoxError;
 use crate::body::Replay;
-use crate::call::{Layer, Shared};
+use crate::call::Shared;
 use crate::policy::Policies;
 pub use crate::retry::ResponseFuture;
 
@@ -165,7 +165,6 @@ where
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
         ResponseFuture::new(crate::call::call(
-            Layer::Hedge,
             &mut self.inner,
             &mut self.shared,
             &self.policies,

@@ -165,7 +165,7 @@ pub use self::future::ResponseFuture;
 pub use self::layer::RetryLayer;
 use crate::BoxError;
 use crate::body::Replay;
-use crate::call::{Layer, Shared};
+use crate::call::Shared;
 use crate::policy::Policies;
 
 /// Retries requests by their method's [`RetryPolicy`](crate::RetryPolicy): see
@@ -228,7 +228,6 @@ where
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
         ResponseFuture::new(crate::call::call(
-            Layer::Retry,
             &mut self.inner,
             &mut self.shared,
             &self.policies,

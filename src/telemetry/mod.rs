@@ -27,8 +27,8 @@
 //!
 //! | kind | name | level | fields | what and when |
 //! |---|---|---|---|---|
-//! | span | `retry` | DEBUG | `path`, `http.request.resend_count` | a call that [`RetryLayer`](crate::RetryLayer) drives (it met the call first); `http.request.resend_count` (the OpenTelemetry HTTP attribute) is recorded at each attempt after the first |
-//! | span | `hedge` | DEBUG | `path`, `http.request.resend_count` | a call that [`HedgeLayer`](crate::HedgeLayer) drives, the same fields |
+//! | span | `retry` | DEBUG | `path`, `http.request.resend_count` | a call with a retry policy, or with none (it gets A6's transparent retries), whichever layer drives it; `http.request.resend_count` (the OpenTelemetry HTTP attribute) is recorded at each attempt after the first |
+//! | span | `hedge` | DEBUG | `path`, `http.request.resend_count` | a call with a hedging policy, the same fields |
 //! | span | `attempt` | DEBUG | `attempt`, `previous-rpc-attempts`, `transparent-retry`, `hedge`, `outcome` | one attempt, a child of its call's span (made only when that span is enabled), entered while the attempt is polled, closed when it ends; `outcome` is recorded then: `success`, `retryable`, `fatal`, `not sent`, `refused` (how the policy's classifier saw the answer), `timed out` (its per-attempt timeout), or `cancelled` (dropped unanswered: another attempt won, the deadline passed, or the caller dropped the call) |
 //! | event | `retrying` | DEBUG | `attempt`, `delay`, `reason` | a retry is scheduled: `attempt` will be sent after `delay`; `reason` is `backoff`, `pushback` (the server's delay, exactly) or `per-attempt timeout` (hedging on it: at once) |
 //! | event | `transparent retry` | DEBUG | `attempt`, `delay`, `reason` | `attempt` is resent transparently after `delay`; `reason` is `not sent` (it never left the client) or `refused` (it never reached the server's application) |
