@@ -1,0 +1,202 @@
+//! One test per rule, on the engine alone: no runtime, no clock, no IO. The helpers are
+//! here; the tests are grouped by concern.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use http::{HeaderMap, StatusCode};
+
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
+
+use super::*;
+use crate::backoff::{Exponential, Jitter};
+use crate::classify::{Code, GrpcCodes};
+use crate::policy::{HedgePolicy, MethodPolicy, RetryDecision, RetryPolicy, ThrottleHandle};
+use crate::pushback::Pushback;
+use crate::throttle::{RetryThrottle, Throttle};
+
+mod a6;
+mod connect;
+mod plan;
+mod seams;
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// A fixed clock for one step of a test.
+struct Clock(Instant);
+
+impl Clock {
+    fn at(&self, offset: Duration) -> Instant {
+        self.0 + offset
+    }
+}
+
+/// Runs `f` with the engine's inputs at `at`, and a generator that always draws the same.
+fn at<T>(at: Instant, f: impl FnOnce(&mut Inputs<'_>) -> T) -> T {
+    let read = move || at;
+    let mut rng = SmallRng::seed_from_u64(7);
+    f(&mut Inputs::new(&read, &mut rng))
+}
+
+fn poll(engine: &mut Engine, now: Instant) -> Action {
+    at(now, |inputs| engine.poll(inputs))
+}
+
+/// A body whose commit always goes to the reader that asks, as a body that records nothing.
+struct Unrecorded;
+
+impl CommitBody for Unrecorded {
+    fn commit(&self, reader: u64) -> u64 {
+        reader
+    }
+}
+
+fn answer(engine: &mut Engine, id: AttemptId, outcome: Outcome, now: Instant) -> Verdict {
+    let headers = HeaderMap::new();
+    let result = AttemptResult::Response {
+        status: StatusCode::OK,
+        headers: &headers,
+    };
+    at(now, |inputs| {
+        engine.on_answer(id, outcome, result, &Unrecorded, inputs)
+    })
+}
+
+/// Sends `send` as the driver does: admitted, then sent with the body reader numbered as the
+/// send is.
+fn sent(engine: &mut Engine, send: Send, now: Instant) -> AttemptId {
+    assert_eq!(engine.admit(send), Admission::Send, "{send:?} is admitted");
+    let reader = u64::from(engine.attempts().sent() + 1);
+    at(now, |inputs| engine.on_sent(send, reader, inputs))
+}
+
+/// An engine whose first attempt sends body reader 1, with a body that records nothing.
+fn engine_of(rules: Rules, deadline: Option<Instant>) -> Engine {
+    Engine::new(rules, deadline, BodyKind::Clones, 1)
+}
+
+fn ends_with_last(action: Action) -> bool {
+    matches!(action, Action::End(End::Last(_)))
+}
+
+fn retry_policy(
+    build: impl FnOnce(crate::policy::RetryPolicyBuilder) -> crate::policy::RetryPolicyBuilder,
+) -> Arc<RetryPolicy> {
+    let builder = RetryPolicy::builder()
+        .max_attempts(5)
+        .backoff(Exponential::new(ms(100), ms(1000), 2.0, Jitter::None).unwrap())
+        .retryable(GrpcCodes::from([Code::Unavailable]));
+    Arc::new(build(builder).build().unwrap())
+}
+
+fn rules(mode: Mode, max_attempts: u32, throttle: Option<ThrottleHandle>) -> Rules {
+    Rules {
+        mode,
+        max_attempts,
+        may_repeat: true,
+        grpc: true,
+        max_pushback: Duration::from_secs(60),
+        throttle,
+        wait_for_ready: false,
+    }
+}
+
+/// [`rules`] with gRPC's wait-for-ready: never-sent attempts are resent transparently.
+fn waiting(mut rules: Rules) -> Rules {
+    rules.wait_for_ready = true;
+    rules
+}
+
+fn retry_engine(policy: Arc<RetryPolicy>, deadline: Option<Instant>) -> Engine {
+    let max = policy.max_attempts;
+    engine_of(rules(Mode::Retry(policy), max, None), deadline)
+}
+
+const RETRYABLE: Outcome = Outcome::Retryable(None);
+
+fn hedge_engine(max: u32, delay: Duration, throttle: Option<ThrottleHandle>) -> Engine {
+    let mut rules = hedge_rules(max, delay);
+    rules.throttle = throttle;
+    engine_of(rules, None)
+}
+
+fn t0() -> Instant {
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    *START.get_or_init(Instant::now)
+}
+
+// The seams the engine now owns: commit, winner and end.
+
+/// A recorded body already committed (by a transport's task) to `reader`, which the engine
+/// has not been told of.
+struct CommittedTo(u64);
+
+impl CommitBody for CommittedTo {
+    fn commit(&self, _: u64) -> u64 {
+        self.0
+    }
+}
+
+fn answer_with(
+    engine: &mut Engine,
+    id: AttemptId,
+    outcome: Outcome,
+    body: &dyn CommitBody,
+) -> Verdict {
+    let headers = HeaderMap::new();
+    let result = AttemptResult::Response {
+        status: StatusCode::OK,
+        headers: &headers,
+    };
+    at(t0(), |inputs| {
+        engine.on_answer(id, outcome, result, body, inputs)
+    })
+}
+
+/// The first attempt fails with a retryable code, and the call ends with that failure at
+/// once: no retry can be made.
+fn fails_at_once_with_its_first_attempt(engine: &mut Engine) {
+    assert_eq!(
+        answer(engine, AttemptId::FIRST, RETRYABLE, t0()),
+        Verdict::Keep
+    );
+    assert_eq!(poll(engine, t0()), Action::End(End::Last(AttemptId::FIRST)));
+}
+
+fn recorded(rules: Rules, deadline: Option<Instant>) -> Engine {
+    Engine::new(rules, deadline, BodyKind::Recorded, 1)
+}
+
+fn hedge_rules(max: u32, delay: Duration) -> Rules {
+    let policy = HedgePolicy::builder()
+        .max_attempts(max)
+        .delay(delay)
+        .non_fatal(GrpcCodes::from([Code::Unavailable]))
+        .build()
+        .unwrap();
+    rules(Mode::Hedge(Arc::new(policy), delay), max, None)
+}
+
+/// A throttle that always allows, and counts how often it was asked.
+#[derive(Debug, Clone, Default)]
+struct Counting(Arc<std::sync::atomic::AtomicU32>);
+
+impl Counting {
+    fn asked(&self) -> u32 {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl RetryThrottle for Counting {
+    fn on_success(&self) {}
+
+    fn on_failure(&self) {}
+
+    fn allows_retry(&self) -> bool {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        true
+    }
+}

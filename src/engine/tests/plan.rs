@@ -1,0 +1,138 @@
+//! A call's rules: the plan a layer makes of its policy, table and request.
+
+use super::*;
+
+fn facts<'a>(method: &'a http::Method, headers: &'a HeaderMap, grpc: bool) -> CallFacts<'a> {
+    CallFacts {
+        method,
+        grpc,
+        headers,
+        driven: false,
+        deadline: None,
+    }
+}
+
+const TABLE: TableFacts = TableFacts {
+    max_attempts_cap: 3,
+    max_pushback: Duration::from_secs(60),
+    transparent_retries: true,
+    has_throttle: false,
+    track_backends: false,
+};
+
+fn drive(plan: Plan) -> Start {
+    match plan {
+        Plan::Drive(start) => start,
+        Plan::Passthrough => panic!("the call is driven"),
+    }
+}
+
+#[test]
+fn the_plan_of_a_call_is_its_policy_whichever_layer_meets_it_first() {
+    let never = || panic!("no timeout: the clock is not read");
+    let (post, get) = (http::Method::POST, http::Method::GET);
+    let headers = HeaderMap::new();
+    let retry = MethodPolicy::Retry(retry_policy(|b| b.max_attempts(5)));
+    // Retried, its cap clamped to the table's; a gRPC POST may repeat.
+    let start = drive(plan(
+        Some(&retry),
+        &TABLE,
+        &facts(&post, &headers, true),
+        &never,
+    ));
+    assert!(matches!(start.rules.mode, Mode::Retry(_)));
+    assert_eq!(
+        (start.rules.max_attempts, start.rules.may_repeat),
+        (3, true)
+    );
+    assert!(start.has_policy && start.deadline.is_none());
+    // An HTTP POST may not, unless it carries an idempotency key its policy accepts.
+    let start = drive(plan(
+        Some(&retry),
+        &TABLE,
+        &facts(&post, &headers, false),
+        &never,
+    ));
+    assert!(!start.rules.may_repeat);
+    let keyed = MethodPolicy::Retry(retry_policy(|b| b.retry_with_idempotency_key(true)));
+    let mut with_key = HeaderMap::new();
+    with_key.insert("idempotency-key", http::HeaderValue::from_static("k"));
+    let start = drive(plan(
+        Some(&keyed),
+        &TABLE,
+        &facts(&post, &with_key, false),
+        &never,
+    ));
+    assert!(start.rules.may_repeat);
+    // A call a layer above drives passes through; so does a call with nothing to apply.
+    let mut driven = facts(&get, &headers, true);
+    driven.driven = true;
+    assert!(matches!(
+        plan(Some(&retry), &TABLE, &driven, &never),
+        Plan::Passthrough
+    ));
+    let off = TableFacts {
+        transparent_retries: false,
+        ..TABLE
+    };
+    let get_facts = facts(&get, &headers, false);
+    assert!(matches!(
+        plan(None, &off, &get_facts, &never),
+        Plan::Passthrough
+    ));
+    let start = drive(plan(None, &TABLE, &get_facts, &never));
+    assert!(matches!(start.rules.mode, Mode::Single) && !start.has_policy);
+    // A hedging policy keeps its record of backends, whatever the table says.
+    let hedge = HedgePolicy::builder()
+        .max_attempts(2)
+        .non_fatal(GrpcCodes::from([Code::Unavailable]))
+        .track_backends(true)
+        .build()
+        .unwrap();
+    let hedge = MethodPolicy::Hedge(Arc::new(hedge));
+    let start = drive(plan(
+        Some(&hedge),
+        &TABLE,
+        &facts(&get, &headers, true),
+        &never,
+    ));
+    assert!(matches!(start.rules.mode, Mode::Hedge(..)) && start.track_backends);
+}
+
+#[test]
+fn the_deadline_is_the_earliest_of_header_timeout_and_extension() {
+    let now = t0();
+    let read = move || now;
+    let get = http::Method::GET;
+    let mut grpc_headers = HeaderMap::new();
+    grpc_headers.insert("grpc-timeout", http::HeaderValue::from_static("2S"));
+    let secs = Duration::from_secs;
+    let deadline_of = |timeout: Option<Duration>, call: &CallFacts<'_>| {
+        let policy = timeout.map(MethodPolicy::Timeout);
+        let start = drive(plan(policy.as_ref(), &TABLE, call, &read));
+        (start.deadline, start.deadline_from_header)
+    };
+    let grpc = facts(&get, &grpc_headers, true);
+    assert_eq!(deadline_of(None, &grpc), (Some(now + secs(2)), true));
+    assert_eq!(
+        deadline_of(Some(secs(1)), &grpc),
+        (Some(now + secs(1)), false)
+    );
+    assert_eq!(
+        deadline_of(Some(secs(3)), &grpc),
+        (Some(now + secs(2)), true)
+    );
+    // Not gRPC: its `grpc-timeout` is not the call's.
+    let http = facts(&get, &grpc_headers, false);
+    assert_eq!(deadline_of(None, &http), (None, false));
+    assert_eq!(
+        deadline_of(Some(secs(5)), &http),
+        (Some(now + secs(5)), false)
+    );
+    let mut with_extension = facts(&get, &grpc_headers, true);
+    with_extension.deadline = Some(now + ms(500));
+    assert_eq!(
+        deadline_of(Some(secs(1)), &with_extension),
+        (Some(now + ms(500)), false)
+    );
+}

@@ -1,0 +1,215 @@
+//! The seams the engine owns: the commit, the winner, the end, and what a result carries.
+
+use super::*;
+
+#[test]
+fn a_body_committed_to_the_attempt_that_fails_in_the_same_poll_returns_that_failure() {
+    let mut engine = recorded(rules(Mode::Retry(retry_policy(|b| b)), 5, None), None);
+    // The body's source failed while attempt 1 read it; attempt 1 answered 503.
+    engine.on_commit(1);
+    fails_at_once_with_its_first_attempt(&mut engine);
+}
+
+#[test]
+fn a_hedged_call_committed_to_one_attempt_ends_when_it_and_another_fail_together() {
+    let mut engine = recorded(hedge_rules(3, ms(0)), None);
+    let Action::Send(send) = poll(&mut engine, t0()) else {
+        panic!("the hedge goes at once")
+    };
+    let second = sent(&mut engine, send, t0());
+    engine.on_commit(u64::from(second.send));
+    // Both fail in the same poll, before the driver has dropped the cut-off attempt.
+    assert_eq!(
+        answer(&mut engine, AttemptId::FIRST, RETRYABLE, t0()),
+        Verdict::Drop
+    );
+    assert_eq!(answer(&mut engine, second, RETRYABLE, t0()), Verdict::Keep);
+    assert_eq!(poll(&mut engine, t0()), Action::Cancel);
+    assert_eq!(poll(&mut engine, t0()), Action::End(End::Last(second)));
+}
+
+#[test]
+fn an_answer_loses_to_the_attempt_the_body_committed_to_first() {
+    let mut engine = recorded(hedge_rules(3, ms(0)), None);
+    let Action::Send(send) = poll(&mut engine, t0()) else {
+        panic!()
+    };
+    let second = sent(&mut engine, send, t0());
+    // The body committed to attempt 1's reader in the transport's task; attempt 2's
+    // headers arrive before the call hears of it.
+    assert_eq!(
+        answer_with(&mut engine, second, Outcome::Success, &CommittedTo(1)),
+        Verdict::Drop
+    );
+    assert!(engine.is_live(AttemptId::FIRST));
+    assert_eq!(
+        answer_with(
+            &mut engine,
+            AttemptId::FIRST,
+            Outcome::Success,
+            &CommittedTo(1)
+        ),
+        Verdict::Return
+    );
+}
+
+#[test]
+fn a_body_sent_once_is_never_hedged_and_its_attempt_goes_on() {
+    let mut engine = Engine::new(hedge_rules(3, ms(20)), None, BodyKind::Once, 0);
+    assert_eq!(poll(&mut engine, t0()), Action::Wait(None));
+    assert_eq!(poll(&mut engine, t0() + ms(20)), Action::Wait(None));
+    assert!(engine.is_live(AttemptId::FIRST));
+    assert_eq!(
+        answer(
+            &mut engine,
+            AttemptId::FIRST,
+            Outcome::Success,
+            t0() + ms(100)
+        ),
+        Verdict::Return
+    );
+}
+
+#[test]
+fn a_body_sent_once_fails_at_once_without_asking_the_hook_or_the_throttle() {
+    let asked = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let hook_asked = Arc::clone(&asked);
+    let policy = retry_policy(move |b| {
+        b.on_retry(move |_| {
+            hook_asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            RetryDecision::Proceed
+        })
+    });
+    let throttle = Counting::default();
+    let handle = Some(Arc::new(throttle.clone()) as ThrottleHandle);
+    let mut engine = Engine::new(
+        rules(Mode::Retry(policy), 5, handle),
+        None,
+        BodyKind::Once,
+        0,
+    );
+    fails_at_once_with_its_first_attempt(&mut engine);
+    assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 0);
+    assert_eq!(throttle.asked(), 0);
+}
+
+#[test]
+fn the_result_carries_its_own_attempts_count_transparent_resends_excluded() {
+    let mut engine = engine_of(
+        waiting(rules(Mode::Retry(retry_policy(|b| b)), 5, None)),
+        None,
+    );
+    answer(&mut engine, AttemptId::FIRST, Outcome::NotSent, t0());
+    let Action::Send(resend) = poll(&mut engine, t0() + ms(100)) else {
+        panic!()
+    };
+    let second = sent(&mut engine, resend, t0() + ms(100));
+    assert_eq!(
+        answer(&mut engine, second, Outcome::Success, t0() + ms(100)),
+        Verdict::Return
+    );
+    let marks = engine.marks(Some(second)).expect("two sends");
+    assert_eq!((marks.attempts, marks.previous), (Attempts::new(2, 1), 0));
+    // A hedged call's result is its winner's: the second of three counted attempts.
+    let mut engine = engine_of(hedge_rules(3, ms(0)), None);
+    let mut ids = vec![AttemptId::FIRST];
+    for _ in 0..2 {
+        let Action::Send(send) = poll(&mut engine, t0()) else {
+            panic!()
+        };
+        ids.push(sent(&mut engine, send, t0()));
+    }
+    assert_eq!(
+        answer(&mut engine, ids[1], Outcome::Success, t0()),
+        Verdict::Return
+    );
+    assert_eq!(engine.marks(Some(ids[1])).map(|m| m.previous), Some(1));
+}
+
+#[test]
+fn a_hedge_that_cannot_start_before_the_deadline_fails_the_call_at_once() {
+    let mut engine = engine_of(hedge_rules(3, ms(100)), Some(t0() + ms(50)));
+    poll(&mut engine, t0());
+    let pushback = Outcome::Retryable(Some(Pushback::After(ms(80))));
+    assert_eq!(
+        answer(&mut engine, AttemptId::FIRST, pushback, t0() + ms(10)),
+        Verdict::Keep
+    );
+    // The next hedge would go at 90 ms, past the 50 ms deadline: nothing in flight, so the
+    // failure is returned now rather than at the deadline.
+    assert_eq!(
+        poll(&mut engine, t0() + ms(10)),
+        Action::End(End::Last(AttemptId::FIRST))
+    );
+}
+
+#[test]
+fn a_service_error_with_an_attempt_in_flight_waits_for_that_attempt() {
+    let mut engine = engine_of(hedge_rules(3, ms(10)), Some(t0() + ms(500)));
+    poll(&mut engine, t0());
+    assert!(matches!(poll(&mut engine, t0() + ms(10)), Action::Send(_)));
+    assert!(!engine.on_service_error(), "the first attempt is in flight");
+    assert_eq!(
+        poll(&mut engine, t0() + ms(10)),
+        Action::Wait(Some(t0() + ms(500)))
+    );
+    assert_eq!(
+        answer(
+            &mut engine,
+            AttemptId::FIRST,
+            Outcome::Success,
+            t0() + ms(20)
+        ),
+        Verdict::Return
+    );
+    // With nothing in flight, the service's error is the call's.
+    let mut engine = engine_of(hedge_rules(3, ms(10)), None);
+    poll(&mut engine, t0());
+    answer(&mut engine, AttemptId::FIRST, RETRYABLE, t0());
+    assert!(matches!(poll(&mut engine, t0()), Action::Send(_)));
+    assert!(engine.on_service_error());
+}
+
+#[test]
+fn a_hedge_asks_the_throttle_only_once_its_service_is_ready() {
+    let throttle = Counting::default();
+    let mut rules = hedge_rules(3, ms(10));
+    rules.throttle = Some(Arc::new(throttle.clone()));
+    let mut engine = engine_of(rules, None);
+    poll(&mut engine, t0());
+    let Action::Send(send) = poll(&mut engine, t0() + ms(10)) else {
+        panic!()
+    };
+    // The service is not ready: the driver waits, and asks the engine again later.
+    assert!(matches!(poll(&mut engine, t0() + ms(11)), Action::Send(_)));
+    assert_eq!(throttle.asked(), 0);
+    assert_eq!(engine.admit(send), Admission::Send);
+    assert_eq!(
+        engine.admit(send),
+        Admission::Send,
+        "asked once per attempt"
+    );
+    assert_eq!(throttle.asked(), 1);
+}
+
+#[test]
+fn the_deadline_wins_over_an_answer_ready_in_the_same_poll() {
+    let mut engine = retry_engine(retry_policy(|b| b), Some(t0() + ms(50)));
+    poll(&mut engine, t0());
+    // The timer fired and the attempt answered in the same poll: the driver reports the
+    // timer first.
+    at(t0() + ms(50), |inputs| engine.on_timer(inputs));
+    assert_eq!(
+        answer(
+            &mut engine,
+            AttemptId::FIRST,
+            Outcome::Success,
+            t0() + ms(50)
+        ),
+        Verdict::Drop
+    );
+    assert_eq!(
+        poll(&mut engine, t0() + ms(50)),
+        Action::End(End::DeadlineExceeded)
+    );
+}
