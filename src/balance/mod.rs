@@ -249,6 +249,7 @@
 
 mod body;
 mod detector;
+mod future;
 mod health;
 #[cfg(feature = "opentelemetry")]
 mod metrics;
@@ -262,6 +263,7 @@ pub use body::ResponseBody;
 #[cfg(feature = "tonic-transport")]
 pub use channel::{BalancedChannel, BalancedChannelBuilder, ChannelFuture};
 pub use detector::{Ejection, EjectionReason, Outliers};
+pub use future::{NoReadyEndpoint, ResponseFuture};
 #[cfg(feature = "opentelemetry")]
 #[cfg_attr(docsrs, doc(cfg(feature = "opentelemetry")))]
 pub use metrics::{
@@ -275,7 +277,6 @@ pub use outlier::{
 };
 
 use std::fmt;
-use std::future::Future;
 use std::hash::Hash;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -292,7 +293,7 @@ use tower_service::Service;
 use crate::BoxError;
 use crate::metadata::{BackendId, TriedBackends};
 use detector::Detector;
-use health::{Head, Health, Verdict, classify_head};
+use health::Health;
 
 /// Balances requests over the endpoints of a [`Discover`]: power of two choices on load,
 /// among the endpoints the request's call has not tried yet, with outlier detection (see the
@@ -610,18 +611,9 @@ where
         match index {
             Some(index) => {
                 let health = ready.endpoint(index).health.clone();
-                ResponseFuture {
-                    state: State::Called {
-                        future: self.endpoints.call_ready_index(index, request),
-                        health,
-                    },
-                }
+                ResponseFuture::called(self.endpoints.call_ready_index(index, request), health)
             }
-            None => ResponseFuture {
-                state: State::NotReady {
-                    error: Some(Box::new(NoReadyEndpoint(()))),
-                },
-            },
+            None => ResponseFuture::not_ready(),
         }
     }
 }
@@ -647,91 +639,5 @@ where
 
     fn call(&mut self, request: Req) -> S::Future {
         self.service.call(request)
-    }
-}
-
-/// The balancer was called while no endpoint was ready: `call` without a `poll_ready` that
-/// returned ready first, which the `Service` contract rules out.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct NoReadyEndpoint(());
-
-impl fmt::Display for NoReadyEndpoint {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("balancer called with no ready endpoint")
-    }
-}
-
-impl std::error::Error for NoReadyEndpoint {}
-
-pin_project_lite::pin_project! {
-    /// The response future of [`Balance`]: the endpoint's, with its error boxed and its body
-    /// in a [`ResponseBody`]; it tells the outlier detection how the attempt went.
-    pub struct ResponseFuture<F> {
-        #[pin]
-        state: State<F>,
-    }
-}
-
-pin_project_lite::pin_project! {
-    #[project = StateProj]
-    enum State<F> {
-        // The endpoint's response future, and the record of its backend.
-        Called { #[pin] future: F, health: Option<Arc<Health>> },
-        // `call` came with no endpoint ready: the error, until polled.
-        NotReady { error: Option<BoxError> },
-    }
-}
-
-impl<F> fmt::Debug for ResponseFuture<F> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ResponseFuture").finish_non_exhaustive()
-    }
-}
-
-impl<F, RB, E> Future for ResponseFuture<F>
-where
-    F: Future<Output = Result<http::Response<RB>, E>>,
-    E: Into<BoxError>,
-{
-    type Output = Result<http::Response<ResponseBody<RB>>, BoxError>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project().state.project() {
-            StateProj::Called { future, health } => {
-                let result = std::task::ready!(future.poll(cx));
-                let Some(health) = health.take() else {
-                    return Poll::Ready(
-                        result
-                            .map(|response| response.map(ResponseBody::plain))
-                            .map_err(Into::into),
-                    );
-                };
-                Poll::Ready(match result {
-                    Ok(response) => {
-                        let head = classify_head(
-                            response.status(),
-                            response.headers(),
-                            health.failure_codes(),
-                        );
-                        match head {
-                            Head::Settled(verdict) => {
-                                health.record(verdict);
-                                Ok(response.map(ResponseBody::plain))
-                            }
-                            Head::Trailers => {
-                                Ok(response.map(|body| ResponseBody::watched(body, health)))
-                            }
-                        }
-                    }
-                    Err(error) => {
-                        health.record(Verdict::Failure);
-                        Err(error.into())
-                    }
-                })
-            }
-            StateProj::NotReady { error } => Poll::Ready(Err(error
-                .take()
-                .unwrap_or_else(|| Box::new(NoReadyEndpoint(()))))),
-        }
     }
 }

@@ -312,7 +312,9 @@ impl std::error::Error for ConfigError {
 }
 
 /// A short, bounded rendering of a JSON value for error messages.
-fn quote(value: &Value) -> String {
+/// A JSON value as an error message quotes it: a string cut to 64 characters, the type of an
+/// array or object.
+pub(crate) fn quote(value: &Value) -> String {
     match value {
         Value::Null => "null".to_owned(),
         Value::Bool(b) => b.to_string(),

@@ -257,6 +257,7 @@ mod unknown;
 mod write;
 
 pub use duration::{DurationError, format_duration, parse_duration};
+pub(crate) use error::quote as quote_json;
 pub use error::{ConfigError, Rule};
 pub use model::{
     HedgingPolicyConfig, MethodConfig, MethodName, MethodPolicy, RetryPolicyConfig, RetryThrottling,
