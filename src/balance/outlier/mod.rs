@@ -648,7 +648,10 @@ mod tests {
             assert_eq!(&got_field, field, "{json}");
             assert_eq!(&got_message, message, "{json}");
         }
-        let long = format!("{{\"interval\": \"{}\"}}", "9".repeat(crate::config::MAX_DOCUMENT_BYTES));
+        let long = format!(
+            "{{\"interval\": \"{}\"}}",
+            "9".repeat(crate::config::MAX_DOCUMENT_BYTES)
+        );
         assert!(matches!(
             error(&long).1,
             OutlierRule::DocumentTooLarge { .. }
