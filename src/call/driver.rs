@@ -382,7 +382,7 @@ where
     };
     let later = state.later.as_mut().expect("made by poll_service");
     let service = later.service.as_mut().expect("polled ready above");
-    let future = Box::pin(service.call(request));
+    let future = Box::pin(super::sending(|| service.call(request)));
     let id = state.engine.on_sent(send, reader, inputs);
     let sent_at = inputs.now();
     later.attempts.push(Attempt {

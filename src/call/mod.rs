@@ -34,10 +34,34 @@ fn is_grpc_content_type(value: Option<&HeaderValue>) -> bool {
     })
 }
 
-/// The mark of a call that a layer of this crate drives, on every attempt it sends: a layer
-/// below passes such a request through, so a stack of both layers drives each call once.
+/// The mark of a call that a layer of this crate drives, on every attempt after the first: a
+/// layer below passes such a request through, so a stack of both layers drives each call once.
+/// The first attempt is known by [`sending`] instead: marking it would cost a request without
+/// extensions the map `http::Extensions` allocates, two allocations on every call.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Driven;
+
+thread_local! {
+    /// Set while a driving layer hands an attempt to the service below it.
+    static SENDING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Calls `send` (a driving layer's call of the service below it) so that a layer of this
+/// crate met on the way, in the same `call`, passes the request through.
+///
+/// A layer below one that moves the call to another task (a `tower::buffer::Buffer`) does
+/// not see this for the first attempt, and drives it too; later attempts carry [`Driven`].
+pub(crate) fn sending<R>(send: impl FnOnce() -> R) -> R {
+    /// Puts the flag back as it was, even if `send` panics.
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            SENDING.set(self.0);
+        }
+    }
+    let _restore = Restore(SENDING.replace(true));
+    send()
+}
 
 /// A layer's `call`: finds the request's policy, and drives the call as the engine's
 /// [`plan`](crate::engine::plan) says, or passes it through.
@@ -56,7 +80,7 @@ where
         method: request.method(),
         grpc: is_grpc(&request),
         headers: request.headers(),
-        driven: request.extensions().get::<Driven>().is_some(),
+        driven: SENDING.get() || request.extensions().get::<Driven>().is_some(),
         deadline: request
             .extensions()
             .get::<Deadline>()
@@ -128,7 +152,7 @@ where
     }
     let limits = shared.policies.buffer_limits();
     let (call, first, reader) = Call::start(request, limits, grpc, start.track_backends);
-    let future = inner.call(first);
+    let future = sending(|| inner.call(first));
     let engine = Engine::new(start.rules, start.deadline, call.body_kind(), reader);
     CallFuture::driven(driver::Driver::new(
         future, shared, call, engine, route, span,
@@ -236,8 +260,6 @@ impl<B: Replay> Call<B> {
             body,
             grpc,
         };
-        // Marked after the copy of the parts: later attempts are marked as they are made.
-        parts.extensions.insert(Driven);
         (call, Request::from_parts(parts, first), reader)
     }
 

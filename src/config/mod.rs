@@ -257,6 +257,8 @@ mod unknown;
 mod write;
 
 pub use duration::{DurationError, format_duration, parse_duration};
+// The balancer's outlier-detection config quotes bad values the same way.
+#[cfg(feature = "balance")]
 pub(crate) use error::quote as quote_json;
 pub use error::{ConfigError, Rule};
 pub use model::{

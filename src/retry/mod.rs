@@ -58,10 +58,14 @@
 //!
 //! # Stacking both layers
 //!
-//! Either layer drives every call it meets first, by the call's own policy, and marks every
-//! attempt it sends; a layer of this crate below sees the mark and passes the attempt
-//! through. So `HedgeLayer` over `RetryLayer` (as the README shows) and either layer alone
-//! behave the same, and no call is retried twice.
+//! Either layer drives every call it meets first, by the call's own policy, and a layer of
+//! this crate below passes its attempts through. So `HedgeLayer` over `RetryLayer` (as the
+//! README shows) and either layer alone behave the same, and no call is retried twice.
+//!
+//! A layer below knows a call's first attempt is driven while the layer above calls it (a
+//! thread-local flag, so that marking the request costs nothing); later attempts also carry
+//! a mark in their extensions. A layer that moves calls to another task, such as
+//! `tower::buffer::Buffer`, hides the first attempt: put it above both layers or below both.
 //!
 //! # `poll_ready` and cloned services
 //!

@@ -1068,6 +1068,36 @@ async fn retry_methods_pass_through_the_hedge_layer_and_hedge_methods_through_th
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_layer_passes_through_only_while_the_layer_above_calls_it() {
+    let retry = RetryPolicy::builder()
+        .max_attempts(3)
+        .backoff(Exponential::new(ms(100), ms(1000), 2.0, Jitter::None).unwrap())
+        .retryable(GrpcCodes::from([Code::Unavailable]))
+        .build()
+        .unwrap();
+    let policies = Policies::builder().method("test.Echo/Retried", retry).build();
+    let (mock, mut handle) = mock::pair::<Req, Res>();
+    let alone = RetryLayer::new(policies.clone()).layer(mock);
+    let stacked = HedgeLayer::new(policies).layer(alone.clone());
+
+    let start = Instant::now();
+    let call = tokio::spawn(stacked.oneshot(request_to("/test.Echo/Retried")));
+    let (_, reply, _) = next(&mut handle, start).await;
+    reply.send_response(grpc_ok());
+    call.await.unwrap().unwrap();
+
+    // The same thread, after the stacked call: the layer alone drives its call again.
+    let start = Instant::now();
+    let call = tokio::spawn(alone.oneshot(request_to("/test.Echo/Retried")));
+    let (_, first, _) = next(&mut handle, start).await;
+    first.send_response(trailers_only(Code::Unavailable, None));
+    let (_, reply, at) = next(&mut handle, start).await;
+    assert_eq!(at, ms(100));
+    reply.send_response(grpc_ok());
+    assert_eq!(attempts(&call.await.unwrap().unwrap()), Attempts::new(2, 0));
+}
+
+#[tokio::test(start_paused = true)]
 async fn adaptive_delay_uses_its_fallback_then_follows_the_percentile() {
     let adaptive = AdaptiveDelay::builder()
         .percentile(0.5)
