@@ -75,12 +75,17 @@ where
     S: Service<Request<B>> + Clone,
     B: Replay,
 {
+    let driven = SENDING.get() || request.extensions().get::<Driven>().is_some();
+    if driven {
+        // A layer above drives the call: nothing to look up.
+        return CallFuture::passthrough(inner.call(request));
+    }
     let matched = policies.matched(request.method(), request.uri().path());
     let facts = CallFacts {
         method: request.method(),
         grpc: is_grpc(&request),
         headers: request.headers(),
-        driven: SENDING.get() || request.extensions().get::<Driven>().is_some(),
+        driven,
         deadline: request
             .extensions()
             .get::<Deadline>()

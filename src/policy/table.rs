@@ -181,27 +181,28 @@ impl Policies {
     /// (as gRPC service config looks names up), then HTTP routes in order, then the default.
     pub(crate) fn matched(&self, method: &Method, path: &str) -> Option<Matched<'_>> {
         let table = &*self.0;
-        if let Some((service, _)) = crate::grpc_path::split(path) {
-            // `split` saw the leading `/`; a method is named without it.
-            let name = &path[1..];
-            // Each map is hashed into only when it has entries: most tables name methods or
-            // services, rarely both.
-            if !table.methods.is_empty()
-                && let Some(found) = table.methods.get(name)
-            {
-                return found.as_ref().map(|policy| Matched {
-                    policy,
-                    route: None,
-                });
-            }
-            if !table.services.is_empty()
-                && let Some(found) = table.services.get(service)
-            {
-                return found.as_ref().map(|policy| Matched {
-                    policy,
-                    route: None,
-                });
-            }
+        // Every method name in the table is a gRPC path without its leading `/` (`build`
+        // keeps no other), so a hit needs no check of the path's shape first.
+        if !table.methods.is_empty()
+            && let Some(found) = path
+                .strip_prefix('/')
+                .and_then(|name| table.methods.get(name))
+        {
+            return found.as_ref().map(|policy| Matched {
+                policy,
+                route: None,
+            });
+        }
+        // Each map is hashed into only when it has entries: most tables name methods or
+        // services, rarely both.
+        if !table.services.is_empty()
+            && let Some((service, _)) = crate::grpc_path::split(path)
+            && let Some(found) = table.services.get(service)
+        {
+            return found.as_ref().map(|policy| Matched {
+                policy,
+                route: None,
+            });
         }
         if let Some((route, policy)) = table.routes.iter().find(|(r, _)| r.matches(method, path)) {
             return Some(Matched {
@@ -552,6 +553,10 @@ impl PoliciesBuilder {
         if let Some(budget) = self.hedge_budget.take() {
             self.set_hedge_budgets(&budget);
         }
+        // A name that is not `service/method` matches no gRPC path: dropped, so that a
+        // lookup can take any hit as a match.
+        self.methods
+            .retain(|name, _| crate::grpc_path::split(&format!("/{name}")).is_some());
         Policies(Arc::new(Table {
             methods: self.methods,
             services: self.services,
@@ -595,6 +600,17 @@ mod tests {
         assert!(matches!(get("/pkg.Svc/B"), Some(MethodPolicy::Hedge(_))));
         assert!(matches!(get("/pkg.Other/B"), Some(MethodPolicy::Retry(_))));
         assert!(matches!(get("/"), Some(MethodPolicy::Retry(_))));
+    }
+
+    #[test]
+    fn a_method_name_that_is_not_a_grpc_path_matches_nothing() {
+        let policies = Policies::builder()
+            .method("pkg.Svc/A/B", retry())
+            .method("pkg.Svc/", retry())
+            .build();
+        for path in ["/pkg.Svc/A/B", "/pkg.Svc/", "pkg.Svc/A/B"] {
+            assert!(policies.lookup(&Method::POST, path).is_none(), "{path}");
+        }
     }
 
     #[test]
