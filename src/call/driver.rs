@@ -127,7 +127,7 @@ where
 }
 
 /// What a call keeps besides its first attempt.
-struct State<S, B>
+pub(crate) struct State<S, B>
 where
     S: Service<Request<B>>,
     B: Replay,
@@ -149,21 +149,20 @@ where
     spans: Option<Box<AttemptSpans>>,
 }
 
-impl<S, B> Driver<S, B>
+impl<S, B> State<S, B>
 where
     S: Service<Request<B>>,
     B: Replay,
 {
-    /// A call whose first attempt, `first`, was just sent.
+    /// What a call keeps besides its first attempt, boxed.
     pub(crate) fn new(
-        first: S::Future,
         shared: Arc<Shared<S>>,
         call: Call<B>,
         engine: Engine,
         route: Option<Arc<str>>,
         span: tracing::Span,
-    ) -> Self {
-        let state = State {
+    ) -> Box<Self> {
+        Box::new(State {
             first_sent_at: None,
             later: None,
             timer: None,
@@ -172,10 +171,20 @@ where
             engine,
             route,
             spans: AttemptSpans::of_call(span),
-        };
+        })
+    }
+}
+
+impl<S, B> Driver<S, B>
+where
+    S: Service<Request<B>>,
+    B: Replay,
+{
+    /// A call whose first attempt, `first`, was just sent.
+    pub(crate) fn new(first: S::Future, state: Box<State<S, B>>) -> Self {
         Driver {
             first: Some(first),
-            state: Box::new(state),
+            state,
         }
     }
 }

@@ -158,9 +158,16 @@ where
     let limits = shared.policies.buffer_limits();
     let (call, first, reader) = Call::start(request, limits, grpc, start.track_backends);
     let future = sending(|| inner.call(first));
-    let engine = Engine::new(start.rules, start.deadline, call.body_kind(), reader);
+    let body = call.body_kind();
     CallFuture::driven(driver::Driver::new(
-        future, shared, call, engine, route, span,
+        future,
+        driver::State::new(
+            shared,
+            call,
+            Engine::new(start.rules, start.deadline, body, reader),
+            route,
+            span,
+        ),
     ))
 }
 
