@@ -1,0 +1,80 @@
+//! Instructions per call on the echo of the overhead benchmark, for every variant, counted by
+//! valgrind's callgrind: exact and repeatable, whatever else the machine is doing.
+//!
+//! Run without valgrind, the binary only makes the calls; the script beside it
+//! (`benches/support/instructions.sh`) runs it under callgrind twice per variant and shape,
+//! with `INSTRUCTIONS_CALLS` 1 000 and 11 000 (after the same warm-up), and divides the
+//! difference of the totals by 10 000: what one call costs, with the start-up cancelled out.
+//! Each call is built, made ready, called, polled to completion and dropped on a
+//! current-thread runtime (`support::runtime`), as in the overhead benchmark.
+//!
+//! ```text
+//! bash benches/support/instructions.sh                       # every variant, every shape
+//! INSTRUCTIONS_VARIANT=ours_retry_policy INSTRUCTIONS_SHAPE=no_headers \
+//!     INSTRUCTIONS_CALLS=1000 valgrind --tool=callgrind target/release/deps/instructions-*
+//! ```
+
+mod support;
+
+use std::hint::black_box;
+
+use support::{Req, Res, Shape, Visit};
+use tower::Service;
+
+const WARM_UP: usize = 1_000;
+
+/// Makes the calls of one variant, if it is the one asked for.
+struct Run {
+    variant: String,
+    shape: Shape,
+    calls: usize,
+    ran: bool,
+}
+
+impl Visit for Run {
+    fn visit<S>(&mut self, name: &'static str, mut service: S)
+    where
+        S: Service<Req, Response = Res>,
+        S::Error: std::fmt::Debug,
+    {
+        if name != self.variant {
+            return;
+        }
+        let runtime = support::runtime();
+        for _ in 0..WARM_UP + self.calls {
+            let response =
+                runtime.block_on(support::call(&mut service, support::request(self.shape)));
+            drop(black_box(response));
+        }
+        self.ran = true;
+    }
+}
+
+fn main() {
+    let var = |name: &str| std::env::var(name).ok();
+    // `cargo bench` runs every bench binary: without a variant named, this one does nothing.
+    let Some(variant) = var("INSTRUCTIONS_VARIANT") else {
+        println!("instructions: set INSTRUCTIONS_VARIANT (see benches/support/instructions.sh)");
+        return;
+    };
+    let shape_name = var("INSTRUCTIONS_SHAPE").unwrap_or_else(|| "no_headers".into());
+    let shape = Shape::ALL
+        .into_iter()
+        .find(|shape| shape.name() == shape_name)
+        .unwrap_or_else(|| panic!("INSTRUCTIONS_SHAPE: no shape {shape_name:?}"));
+    let calls = var("INSTRUCTIONS_CALLS")
+        .and_then(|calls| calls.parse().ok())
+        .unwrap_or(1_000);
+    let mut run = Run {
+        variant,
+        shape,
+        calls,
+        ran: false,
+    };
+    support::each_variant(&mut run);
+    assert!(
+        run.ran,
+        "INSTRUCTIONS_VARIANT: no variant {:?}",
+        run.variant
+    );
+}
