@@ -1075,7 +1075,9 @@ async fn a_layer_passes_through_only_while_the_layer_above_calls_it() {
         .retryable(GrpcCodes::from([Code::Unavailable]))
         .build()
         .unwrap();
-    let policies = Policies::builder().method("test.Echo/Retried", retry).build();
+    let policies = Policies::builder()
+        .method("test.Echo/Retried", retry)
+        .build();
     let (mock, mut handle) = mock::pair::<Req, Res>();
     let alone = RetryLayer::new(policies.clone()).layer(mock);
     let stacked = HedgeLayer::new(policies).layer(alone.clone());
