@@ -18,20 +18,11 @@ mod support;
 
 use std::hint::black_box;
 
-use std::convert::Infallible;
-use std::future::{Ready, ready};
-use std::pin::Pin;
-use std::task::{Context, Poll, Waker};
-
-use bytes::Bytes;
-use http::{Request, Response};
-use http_body::Body;
-use http_body_util::combinators::UnsyncBoxBody;
-use http_body_util::{BodyExt, Full};
 use support::counting::{self, interesting};
+use support::streaming::{DrainEcho, stream_request};
 use support::{Req, Res, Shape, Visit};
 use tower::{Layer, Service};
-use tower_retry_hedge::{BoxError, Policies, RetryLayer};
+use tower_retry_hedge::{Policies, RetryLayer};
 
 #[global_allocator]
 static GLOBAL: support::counting::Counting = support::counting::Counting;
@@ -126,44 +117,6 @@ impl Visit for Count<'_> {
             bytes,
             future_size: std::mem::size_of::<S::Future>(),
         });
-    }
-}
-
-/// A request with a streaming body, as tonic and hyper servers give: the layers make it
-/// replayable with a `ReplayBody`, not by cloning.
-type StreamRequest = Request<UnsyncBoxBody<Bytes, BoxError>>;
-
-fn stream_request() -> StreamRequest {
-    let (parts, body) = support::request(Shape::Grpc4).into_parts();
-    let body = body
-        .map_err(|never: Infallible| match never {})
-        .boxed_unsync();
-    Request::from_parts(parts, body)
-}
-
-/// Reads the request body to its end, as a transport would send it, and answers with an
-/// empty body.
-#[derive(Debug, Clone, Copy)]
-struct DrainEcho;
-
-impl Service<StreamRequest> for DrainEcho {
-    type Response = Res;
-    type Error = Infallible;
-    type Future = Ready<Result<Res, Infallible>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: StreamRequest) -> Self::Future {
-        let mut body = request.into_body();
-        let mut cx = Context::from_waker(Waker::noop());
-        let mut sent = 0;
-        while let Poll::Ready(Some(Ok(frame))) = Pin::new(&mut body).poll_frame(&mut cx) {
-            sent += frame.data_ref().map_or(0, |data| data.len());
-        }
-        black_box(sent);
-        ready(Ok(Response::new(Full::new(Bytes::new()))))
     }
 }
 

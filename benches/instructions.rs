@@ -8,6 +8,10 @@
 //! Each call is built, made ready, called, polled to completion and dropped on a
 //! current-thread runtime (`support::runtime`), as in the overhead benchmark.
 //!
+//! `INSTRUCTIONS_SHAPE=streaming` (variants `bare` and `ours_retry_policy` only) sends the
+//! `grpc_4_headers` request with its body boxed as a stream, read to its end by the echo: the
+//! tonic and hyper path, where the layer records the body for a replay instead of cloning it.
+//!
 //! ```text
 //! bash benches/support/instructions.sh                       # every variant, every shape
 //! INSTRUCTIONS_VARIANT=ours_retry_policy INSTRUCTIONS_SHAPE=no_headers \
@@ -18,8 +22,10 @@ mod support;
 
 use std::hint::black_box;
 
+use support::streaming::{DrainEcho, StreamRequest, stream_request};
 use support::{Req, Res, Shape, Visit};
-use tower::Service;
+use tower::{Layer, Service};
+use tower_retry_hedge::{Policies, RetryLayer};
 
 const WARM_UP: usize = 1_000;
 
@@ -40,13 +46,39 @@ impl Visit for Run {
         if name != self.variant {
             return;
         }
-        let runtime = support::runtime();
-        for _ in 0..WARM_UP + self.calls {
-            let response =
-                runtime.block_on(support::call(&mut service, support::request(self.shape)));
-            drop(black_box(response));
-        }
+        calls(&mut service, || support::request(self.shape), self.calls);
         self.ran = true;
+    }
+}
+
+/// `WARM_UP + n` calls of `service`, each on a request from `make`.
+fn calls<Rq, S>(service: &mut S, make: impl Fn() -> Rq, n: usize)
+where
+    S: Service<Rq, Response = Res>,
+    S::Error: std::fmt::Debug,
+{
+    let runtime = support::runtime();
+    for _ in 0..WARM_UP + n {
+        let response = runtime.block_on(async {
+            let ready = tower::ServiceExt::<Rq>::ready(&mut *service).await;
+            ready.expect("always ready").call(make()).await
+        });
+        drop(black_box(response.expect("never fails")));
+    }
+}
+
+/// The streaming shape: the drain echo bare, or under the retry layer with a policy.
+fn streaming(variant: &str, n: usize) {
+    match variant {
+        "bare" => calls::<StreamRequest, _>(&mut DrainEcho, stream_request, n),
+        "ours_retry_policy" => {
+            let policies = Policies::builder()
+                .method(support::METHOD, support::our_retry_policy())
+                .build();
+            let mut ours = RetryLayer::new(policies).layer(DrainEcho);
+            calls(&mut ours, stream_request, n);
+        }
+        _ => panic!("INSTRUCTIONS_VARIANT: {variant:?} has no streaming shape"),
     }
 }
 
@@ -58,13 +90,17 @@ fn main() {
         return;
     };
     let shape_name = var("INSTRUCTIONS_SHAPE").unwrap_or_else(|| "no_headers".into());
+    let calls = var("INSTRUCTIONS_CALLS")
+        .and_then(|calls| calls.parse().ok())
+        .unwrap_or(1_000);
+    if shape_name == "streaming" {
+        streaming(&variant, calls);
+        return;
+    }
     let shape = Shape::ALL
         .into_iter()
         .find(|shape| shape.name() == shape_name)
         .unwrap_or_else(|| panic!("INSTRUCTIONS_SHAPE: no shape {shape_name:?}"));
-    let calls = var("INSTRUCTIONS_CALLS")
-        .and_then(|calls| calls.parse().ok())
-        .unwrap_or(1_000);
     let mut run = Run {
         variant,
         shape,

@@ -11,6 +11,7 @@
 
 pub mod clock;
 pub mod counting;
+pub mod streaming;
 
 use std::convert::Infallible;
 use std::future::{Future, Ready, ready};

@@ -81,6 +81,17 @@ where
         return CallFuture::passthrough(inner.call(request));
     }
     let matched = policies.matched(request.method(), request.uri().path());
+    let table = TableFacts {
+        max_attempts_cap: policies.max_attempts_cap(),
+        max_pushback: policies.max_pushback(),
+        transparent_retries: policies.transparent_retries(),
+        has_throttle: policies.has_throttle(),
+        track_backends: policies.track_backends(),
+    };
+    if engine::nothing_applies(matched.map(|m| m.policy), &table) {
+        // Decided before the request's headers are read.
+        return CallFuture::passthrough(inner.call(request));
+    }
     let facts = CallFacts {
         method: request.method(),
         grpc: is_grpc(&request),
@@ -92,13 +103,6 @@ where
             .map(|deadline| deadline.at().into_std()),
     };
     let read = || Instant::now().into_std();
-    let table = TableFacts {
-        max_attempts_cap: policies.max_attempts_cap(),
-        max_pushback: policies.max_pushback(),
-        transparent_retries: policies.transparent_retries(),
-        has_throttle: policies.has_throttle(),
-        track_backends: policies.track_backends(),
-    };
     let plan = engine::plan(matched.map(|m| m.policy), &table, &facts, &read);
     let Plan::Drive(mut start) = plan else {
         return CallFuture::passthrough(inner.call(request));

@@ -42,7 +42,9 @@ use crate::metadata::Attempts;
 use crate::stats::CallCounts;
 
 use self::live::Live;
-pub(crate) use self::rules::{BodyKind, CallFacts, Mode, Plan, Rules, Start, TableFacts, plan};
+pub(crate) use self::rules::{
+    BodyKind, CallFacts, Mode, Plan, Rules, Start, TableFacts, nothing_applies, plan,
+};
 
 /// One attempt of a call: the order it was sent in and the counted attempt it belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

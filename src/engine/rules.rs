@@ -185,7 +185,7 @@ pub(crate) fn plan(
     call: &CallFacts<'_>,
     now: &dyn Fn() -> Instant,
 ) -> Plan {
-    if call.driven {
+    if call.driven || nothing_applies(policy, table) {
         return Plan::Passthrough;
     }
     let repeatable = call.grpc || call.method.is_idempotent();
@@ -208,7 +208,6 @@ pub(crate) fn plan(
         }
         Some(MethodPolicy::Timeout(timeout)) => single(Some(*timeout), false),
         Some(MethodPolicy::WaitForReady(timeout)) => single(*timeout, true),
-        None if !table.has_throttle && !table.transparent_retries => return Plan::Passthrough,
         None => single(None, false),
     };
     let track_backends =
@@ -232,6 +231,13 @@ pub(crate) fn plan(
         ),
         track_backends,
     })
+}
+
+/// Nothing of A6 applies to a call without a policy when the table has no throttle for its
+/// successes to credit and transparent retries are off: it passes through, whatever the
+/// request says (so a layer can tell before it reads the request).
+pub(crate) fn nothing_applies(policy: Option<&MethodPolicy>, table: &TableFacts) -> bool {
+    policy.is_none() && !table.has_throttle && !table.transparent_retries
 }
 
 /// The call's deadline: the earliest of the request's `grpc-timeout`, the method's `timeout`
