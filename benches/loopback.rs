@@ -1,28 +1,88 @@
-//! Throughput over real loopback connections, with and without the retry layer (a policy for
-//! the method, no failures): what the layer costs a client that actually talks to a server.
+//! Throughput and CPU per request over real loopback connections (127.0.0.1), side by side:
+//! the client alone, `tower::retry` as users write it, and `RetryLayer` in the configurations
+//! a user meets, all answering (no call fails, so nothing is retried). What each costs a client
+//! that actually talks to a server.
 //!
-//! Two pairs. Each server runs on a thread of its own (a current-thread tokio runtime) and the
-//! client on the main thread (another), as a client and a server in two processes would: with
-//! one multi-thread runtime for both, the rate flipped between two modes (about 2× apart) from
-//! run to run, depending on how the runtime happened to spread the tasks over its workers.
+//! # Pairs and configurations
+//!
+//! Each server runs on a thread of its own (a current-thread tokio runtime) and the client on
+//! the main thread (another), as a client and a server in two processes would: with one
+//! multi-thread runtime for both, the rate flipped between two modes (about 2× apart) from run
+//! to run, depending on how the runtime happened to spread the tasks over its workers.
+//!
 //! - hyper: an HTTP/2 echo server (`hyper::server::conn::http2`) and hyper-util's legacy
-//!   client (HTTP/2 only, one connection), `http::Request<Full<Bytes>>` of 64 bytes;
+//!   client (HTTP/2 only, one connection), `POST /echo` of 64 bytes. Configurations:
+//!   - `bare`: the client alone;
+//!   - `tower_retry`: `tower::retry::Retry` with a policy that clones the request (rebuilt
+//!     from its parts, as users must since `http::Request` is not `Clone`) and retries 5xx or
+//!     errors up to 3 times after a `tokio::time::Sleep` (the in-memory overhead benchmark's
+//!     peer, `benches/support/mod.rs`);
+//!   - `tower_retry+tps_budget`: the same with a shared
+//!     `tower::retry::budget::TpsBudget::new(10 s, 10, 0.2)`: successes deposit, retries
+//!     withdraw;
+//!   - `ours_retry_policy`: `RetryLayer` with a `RetryPolicy` for the route (`/`, 3 attempts,
+//!     retryable 5xx);
+//!   - `ours_retry_policy+throttle`: the same table with gRFC A6's retry throttle
+//!     (`Throttle::new(10, 0.1)`, A6's maxTokens 10 and tokenRatio 0.1);
+//!   - `ours_retry_no_policy`: `RetryLayer` whose table has a policy for another path
+//!     (`/other`) only: the lookup misses and the call keeps a copy of its request for A6's
+//!     transparent retries (on by default);
+//!   - `ours_retry_no_policy_passthrough`: that table with `transparent_retries(false)`: the
+//!     call passes through.
 //! - tonic (with `--features tonic`): the test echo service (`tests/common/pb`) and a
-//!   `tonic::transport::Channel`, unary calls of 64-byte payloads.
+//!   `tonic::transport::Channel`, unary calls of 64-byte payloads. Configurations: `bare` (the
+//!   channel alone), `tower_retry+tps_budget` (the channel's request body collected into
+//!   `Full<Bytes>` first, since tonic's body cannot be cloned, then the policy above), and
+//!   `ours_retry_policy` (`RetryLayer` with a policy for the service, retryable UNAVAILABLE).
 //!
-//! Each measurement sends 20 000 requests, 8 in flight (8 tasks, each calling in a loop),
-//! after 1 000 warm-up requests on a fresh client and connection. Each configuration is
-//! measured 5 times, alternating which one goes first; the table gives every run, the median,
-//! and the ratio of the medians (with the layer / without). It also gives the process's CPU
-//! time per request (client and server together), which other processes on a loaded machine
-//! disturb less than the rate: the layer's cost shows there as extra CPU per request.
+//! # Method
+//!
+//! A measurement builds a fresh client (and connection), sends 1 000 warm-up requests, then
+//! `LOOPBACK_REQUESTS` requests (20 000 unless set), 8 in flight (8 tasks, each calling in a
+//! loop; `LOOPBACK_IN_FLIGHT` changes it). It records the rate (requests/s, wall time), the
+//! process's CPU time per request (client and server threads, user and system), and the client
+//! thread's CPU time per request (`CLOCK_THREAD_CPUTIME_ID` on the main thread, read before and
+//! after).
+//!
+//! The client runtime is a current-thread runtime on the main thread, so everything the client
+//! side does runs there and shows in the client thread's CPU: the calling tasks, the layer
+//! under test, hyper-util's pool, the HTTP/2 connection task that hyper-util (through
+//! `TokioExecutor`, i.e. `tokio::spawn`) or tonic (its `Buffer` worker and connection) spawn,
+//! the socket system calls, and tokio's I/O and timer driver when the runtime parks. No
+//! resolver thread is involved: the URIs are IP literals, which hyper-util's `HttpConnector`
+//! parses without resolving. The run ends by listing the process's threads and the CPU time
+//! each used (from `/proc/self/task`), which shows that only the main thread and the servers'
+//! threads did any work.
+//!
+//! The measurements come in rounds (`LOOPBACK_ROUNDS`, 50 unless set): in each round every
+//! configuration of a pair is measured once, in an order that rotates from round to round
+//! (round `r` starts at configuration `r mod n`), so that no configuration always runs first
+//! or right after another. Each round gives every configuration its ratios to that round's
+//! `bare`: rate ÷ bare's rate and CPU per request ÷ bare's (process and client thread), which
+//! cancels the machine's drift in speed (it shifts by up to 2× within a minute here) as long
+//! as it is slow compared to a round (about 5 s for both pairs); a shift within a round shows
+//! as a wide interquartile range, hence many rounds. The table gives, per configuration, the
+//! median and interquartile range (25th–75th percentile, interpolated) of each ratio over the
+//! rounds, and the median absolute rate and CPU per request. Each round's rates and process
+//! CPU per request go to stderr as the run goes.
 //!
 //! ```text
 //! cargo bench --bench loopback --features tonic
+//! LOOPBACK_ROUNDS=10 LOOPBACK_REQUESTS=5000 cargo bench --bench loopback --features tonic
 //! ```
+//!
+//! # Profiling one configuration
+//!
+//! `LOOPBACK_ONLY=<configuration>` (one of the hyper names above) measures that configuration
+//! once (warm-up and `LOOPBACK_REQUESTS` requests) and exits, for a profiler: under
+//! `valgrind --tool=callgrind --separate-threads=yes` the main thread's file holds the client
+//! side's instructions. Two runs with different `LOOPBACK_REQUESTS` give instructions per call
+//! without the set-up and warm-up, `(Ir(N2) − Ir(N1)) / (N2 − N1)`;
+//! `benches/support/profile_loopback.sh` does that for the main configurations.
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -34,30 +94,48 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
+use tower::retry::budget::{Budget, TpsBudget};
 use tower::{Layer, Service, ServiceExt};
 use tower_retry_hedge::backoff::{Exponential, Jitter};
 use tower_retry_hedge::classify::HttpStatuses;
 use tower_retry_hedge::policy::Route;
-use tower_retry_hedge::{Policies, RetryLayer, RetryPolicy};
+use tower_retry_hedge::{Policies, RetryLayer, RetryPolicy, Throttle};
 
 #[path = "support/clock.rs"]
 mod clock;
 use clock::Clock;
 
-const REQUESTS: usize = 20_000;
-const IN_FLIGHT: usize = 8;
+const WARM_UP: usize = 1_000;
+const PAYLOAD: [u8; 64] = [b'x'; 64];
 
-/// Calls in flight: `IN_FLIGHT`, or `LOOPBACK_IN_FLIGHT` to look at latency (1) or saturation.
-fn in_flight() -> usize {
-    std::env::var("LOOPBACK_IN_FLIGHT")
+/// A positive number from the environment variable `name`, or `default`.
+fn env_count(name: &str, default: usize) -> usize {
+    std::env::var(name)
         .ok()
         .and_then(|n| n.parse().ok())
         .filter(|&n| n > 0)
-        .unwrap_or(IN_FLIGHT)
+        .unwrap_or(default)
 }
-const WARM_UP: usize = 1_000;
-const RUNS: usize = 5;
-const PAYLOAD: [u8; 64] = [b'x'; 64];
+
+/// Calls in flight: 8, or `LOOPBACK_IN_FLIGHT` to look at latency (1) or saturation.
+fn in_flight() -> usize {
+    env_count("LOOPBACK_IN_FLIGHT", 8)
+}
+
+/// Requests per measurement, after the warm-up: 20 000, or `LOOPBACK_REQUESTS`.
+fn requests() -> usize {
+    env_count("LOOPBACK_REQUESTS", 20_000)
+}
+
+/// Rounds: 50, or `LOOPBACK_ROUNDS`. At 20 000 requests a round of both pairs takes about
+/// 5 s here (2 cores), so the default run takes about 4 minutes, up to twice that when the
+/// machine is slow. Shorter measurements for more rounds in the same time gave wider
+/// interquartile ranges (5 000 requests × 75 rounds: about twice as wide as 20 000 × 25).
+fn rounds() -> usize {
+    env_count("LOOPBACK_ROUNDS", 50)
+}
+
+// ---- measuring ---------------------------------------------------------------------------
 
 /// Makes one call and checks its answer.
 trait Caller: Clone + Send + 'static {
@@ -85,75 +163,229 @@ async fn run<C: Caller>(caller: &C, total: usize) {
 }
 
 /// What one measurement gives.
-#[derive(Clone, Copy)]
+#[derive(Debug, Clone, Copy)]
 struct Sample {
     requests_per_second: f64,
-    /// Process CPU time (client and server, user and system) per request, in µs.
-    cpu_us_per_request: f64,
+    /// Process CPU time (client and server threads, user and system) per request, in µs.
+    process_cpu_us: f64,
+    /// The client thread's CPU time per request, in µs.
+    thread_cpu_us: f64,
 }
 
-/// Requests per second over `REQUESTS` calls, after a warm-up, and CPU time per request.
-async fn measure<C: Caller>(caller: C) -> Sample {
-    run(&caller, WARM_UP).await;
-    let cpu = Clock::Process.now();
-    let started = Instant::now();
-    run(&caller, REQUESTS).await;
-    let elapsed = started.elapsed();
-    let cpu = match (cpu, Clock::Process.now()) {
+/// CPU time between two readings of a clock, in seconds (NaN where it is not available).
+fn cpu_seconds(before: Option<Duration>, after: Option<Duration>) -> f64 {
+    match (before, after) {
         (Some(before), Some(after)) => after.saturating_sub(before).as_secs_f64(),
         _ => f64::NAN,
-    };
-    Sample {
-        requests_per_second: REQUESTS as f64 / elapsed.as_secs_f64(),
-        cpu_us_per_request: cpu * 1e6 / REQUESTS as f64,
     }
 }
 
-fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
+/// Warms `caller` up, then measures `requests` calls through it. Drops the caller (and with it
+/// the client's connection) and gives the connection a moment to close, so that its teardown
+/// does not fall into the next measurement.
+async fn measure<C: Caller>(caller: C, requests: usize) -> Sample {
+    run(&caller, WARM_UP).await;
+    let process = Clock::Process.now();
+    let thread = Clock::Thread.now();
+    let started = Instant::now();
+    run(&caller, requests).await;
+    let elapsed = started.elapsed();
+    let thread = cpu_seconds(thread, Clock::Thread.now());
+    let process = cpu_seconds(process, Clock::Process.now());
+    drop(caller);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let per_request = 1e6 / requests as f64;
+    Sample {
+        requests_per_second: requests as f64 / elapsed.as_secs_f64(),
+        process_cpu_us: process * per_request,
+        thread_cpu_us: thread * per_request,
+    }
 }
 
-/// Measures both configurations `RUNS` times, alternating, and prints a table row for each.
-async fn compare<Bare, Layered, FB, FL>(pair: &str, bare: FB, layered: FL)
-where
-    Bare: Caller,
-    Layered: Caller,
-    FB: AsyncFn() -> Bare,
-    FL: AsyncFn() -> Layered,
-{
-    let mut without = Vec::with_capacity(RUNS);
-    let mut with = Vec::with_capacity(RUNS);
-    for run in 0..RUNS {
-        if run % 2 == 0 {
-            without.push(measure(bare().await).await);
-            with.push(measure(layered().await).await);
+/// The `q` quantile (0 to 1) of `values`, interpolated between the two nearest order
+/// statistics; NaN for no values.
+fn quantile(values: &[f64], q: f64) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let position = q * (sorted.len() - 1) as f64;
+    let (below, above) = (position.floor() as usize, position.ceil() as usize);
+    sorted[below] + (sorted[above] - sorted[below]) * (position - below as f64)
+}
+
+/// "median (p25–p75)" of `values`.
+fn median_iqr(values: &[f64]) -> String {
+    format!(
+        "{:.3} ({:.3}–{:.3})",
+        quantile(values, 0.5),
+        quantile(values, 0.25),
+        quantile(values, 0.75)
+    )
+}
+
+/// Measures every configuration of a pair once per round, in rotating order, with `measure`
+/// (which gets the configuration's index in `names`), and prints the table. `names[0]` is the
+/// baseline the ratios divide by.
+async fn side_by_side(pair: &str, names: &[&str], mut measure: impl AsyncFnMut(usize) -> Sample) {
+    let (rounds, requests, n) = (rounds(), requests(), names.len());
+    // samples[configuration][round]
+    let mut samples: Vec<Vec<Sample>> = vec![Vec::with_capacity(rounds); n];
+    for round in 0..rounds {
+        let mut line = format!("{pair} round {}/{rounds}:", round + 1);
+        for i in 0..n {
+            let configuration = (round + i) % n;
+            let sample = measure(configuration).await;
+            line += &format!(
+                " {} {:.0}/s {:.1}µs",
+                names[configuration], sample.requests_per_second, sample.process_cpu_us
+            );
+            samples[configuration].push(sample);
+        }
+        eprintln!("{line}");
+    }
+
+    println!(
+        "\n{pair}: {rounds} rounds of {requests} requests after {WARM_UP} warm-up, {} in flight; \
+         ratios to the same round's bare, median (p25–p75)\n",
+        in_flight()
+    );
+    println!(
+        "| configuration | rate × bare | CPU/request × bare, process | client-thread CPU/request × bare | median req/s | median µs CPU/request (process / client thread) |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|");
+    let bare = &samples[0];
+    for (name, samples) in names.iter().zip(&samples) {
+        let ratios = |field: fn(&Sample) -> f64| -> Vec<f64> {
+            samples
+                .iter()
+                .zip(bare)
+                .map(|(sample, bare)| field(sample) / field(bare))
+                .collect()
+        };
+        let absolute = |field: fn(&Sample) -> f64| -> f64 {
+            quantile(&samples.iter().map(field).collect::<Vec<_>>(), 0.5)
+        };
+        let name = if name.starts_with("ours") {
+            format!("**{name}**")
         } else {
-            with.push(measure(layered().await).await);
-            without.push(measure(bare().await).await);
+            (*name).to_string()
+        };
+        println!(
+            "| {name} | {} | {} | {} | {:.0} | {:.1} / {:.1} |",
+            median_iqr(&ratios(|s| s.requests_per_second)),
+            median_iqr(&ratios(|s| s.process_cpu_us)),
+            median_iqr(&ratios(|s| s.thread_cpu_us)),
+            absolute(|s| s.requests_per_second),
+            absolute(|s| s.process_cpu_us),
+            absolute(|s| s.thread_cpu_us),
+        );
+    }
+}
+
+/// The process's threads with the CPU time (user and system) each has used, from
+/// `/proc/self/task`: "main (client) 12.3 s, hyper-server 9.8 s". Empty where there is no `/proc`.
+fn threads_cpu() -> String {
+    /// Clock ticks per second of `/proc`'s times (`USER_HZ`), 100 on every Linux port.
+    const TICKS_PER_SECOND: f64 = 100.0;
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return String::new();
+    };
+    let mut threads = Vec::new();
+    for task in tasks.flatten() {
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
+            continue;
+        };
+        // "tid (comm) state ppid …": utime and stime are the 14th and 15th fields, the 12th
+        // and 13th after the command name (which may hold spaces, hence the last ')').
+        let Some((name, rest)) = stat.split_once(" (").and_then(|(_, s)| s.rsplit_once(") "))
+        else {
+            continue;
+        };
+        let ticks: f64 = rest
+            .split(' ')
+            .skip(11)
+            .take(2)
+            .filter_map(|t| t.parse::<f64>().ok())
+            .sum();
+        // The main thread's id is the process's; its name is the binary's.
+        let name = if task.file_name().to_str() == Some(&std::process::id().to_string()) {
+            "main (client)"
+        } else {
+            name
+        };
+        threads.push(format!("{name} {:.1} s", ticks / TICKS_PER_SECOND));
+    }
+    threads.join(", ")
+}
+
+// ---- the tower::retry peer ----------------------------------------------------------------
+
+/// tower's retry with the policy users write for `http` requests (the overhead benchmark's
+/// `CloningPolicy` and `BudgetPolicy` in one): clones the request, retries a 5xx answer or an
+/// error up to `attempts_left` times after a fixed pause; with a budget, successes deposit
+/// and retries withdraw.
+#[derive(Clone)]
+struct ClonePolicy {
+    attempts_left: u32,
+    budget: Option<Arc<TpsBudget>>,
+}
+
+impl ClonePolicy {
+    fn new() -> ClonePolicy {
+        ClonePolicy {
+            attempts_left: 3,
+            budget: None,
         }
     }
-    let row = |configuration: &str, samples: &[Sample], baseline: Option<(f64, f64)>| {
-        let mut rates: Vec<f64> = samples.iter().map(|s| s.requests_per_second).collect();
-        let mut cpu: Vec<f64> = samples.iter().map(|s| s.cpu_us_per_request).collect();
-        let runs = rates
-            .iter()
-            .map(|r| format!("{r:.0}"))
-            .collect::<Vec<_>>()
-            .join(", ");
-        let (rate, cpu) = (median(&mut rates), median(&mut cpu));
-        let (rate_ratio, cpu_ratio) = baseline.map_or((1.0, 1.0), |(r, c)| (rate / r, cpu / c));
-        println!(
-            "| {pair} | {configuration} | {runs} | {rate:.0} | {rate_ratio:.3} | {cpu:.1} | {cpu_ratio:.3} |"
-        );
-        (rate, cpu)
-    };
-    let baseline = row("without RetryLayer", &without, None);
-    row(
-        "with RetryLayer (policy, no failures)",
-        &with,
-        Some(baseline),
-    );
+
+    /// With a fresh `TpsBudget::new(10 s, 10, 0.2)`, shared by the clones.
+    fn with_budget() -> ClonePolicy {
+        ClonePolicy {
+            attempts_left: 3,
+            budget: Some(Arc::new(TpsBudget::new(Duration::from_secs(10), 10, 0.2))),
+        }
+    }
+}
+
+impl<B, E> tower::retry::Policy<Request<Full<Bytes>>, Response<B>, E> for ClonePolicy {
+    type Future = tokio::time::Sleep;
+
+    fn retry(
+        &mut self,
+        _: &mut Request<Full<Bytes>>,
+        result: &mut Result<Response<B>, E>,
+    ) -> Option<Self::Future> {
+        let failed = match result {
+            Ok(response) => response.status().is_server_error(),
+            Err(_) => true,
+        };
+        if !failed {
+            if let Some(budget) = &self.budget {
+                budget.deposit();
+            }
+            return None;
+        }
+        let allowed = self.budget.as_ref().is_none_or(|budget| budget.withdraw());
+        if self.attempts_left > 0 && allowed {
+            self.attempts_left -= 1;
+            Some(tokio::time::sleep(Duration::from_millis(100)))
+        } else {
+            None
+        }
+    }
+
+    /// `http::Request` is not `Clone`: rebuilt from its cloned parts and a clone of the body.
+    fn clone_request(&mut self, request: &Request<Full<Bytes>>) -> Option<Request<Full<Bytes>>> {
+        let mut copy = Request::new(request.body().clone());
+        *copy.method_mut() = request.method().clone();
+        *copy.uri_mut() = request.uri().clone();
+        *copy.version_mut() = request.version();
+        *copy.headers_mut() = request.headers().clone();
+        *copy.extensions_mut() = request.extensions().clone();
+        Some(copy)
+    }
 }
 
 // ---- hyper -------------------------------------------------------------------------------
@@ -163,16 +395,17 @@ async fn echo(request: Request<Incoming>) -> Result<Response<Full<Bytes>>, hyper
     Ok(Response::new(Full::new(body)))
 }
 
-/// Runs `serve` on a thread of its own with a current-thread runtime, and returns the address
-/// of the listener it was given (127.0.0.1, port 0). The thread lives as long as the process.
-fn serve_on_own_thread<F, Fut>(serve: F) -> std::io::Result<SocketAddr>
+/// Runs `serve` on a thread of its own, named `name`, with a current-thread runtime, and
+/// returns the address of the listener it was given (127.0.0.1, port 0). The thread lives as
+/// long as the process.
+fn serve_on_own_thread<F, Fut>(name: &str, serve: F) -> std::io::Result<SocketAddr>
 where
     F: FnOnce(TcpListener) -> Fut + Send + 'static,
     Fut: Future<Output = ()>,
 {
     let (addr_tx, addr_rx) = std::sync::mpsc::channel();
     std::thread::Builder::new()
-        .name("loopback-server".into())
+        .name(name.into())
         .spawn(move || {
             let runtime = match tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -203,7 +436,7 @@ where
 
 /// An HTTP/2 echo server on 127.0.0.1, on its own thread.
 fn spawn_hyper_server() -> std::io::Result<SocketAddr> {
-    serve_on_own_thread(|listener| async move {
+    serve_on_own_thread("hyper-server", |listener| async move {
         let mut connections = JoinSet::new();
         while let Ok((stream, _)) = listener.accept().await {
             let _ = stream.set_nodelay(true);
@@ -229,6 +462,15 @@ fn hyper_client() -> Client<HttpConnector, Full<Bytes>> {
 struct HttpCaller<S> {
     service: S,
     uri: http::Uri,
+}
+
+impl<S> HttpCaller<S> {
+    fn new(service: S, uri: &http::Uri) -> HttpCaller<S> {
+        HttpCaller {
+            service,
+            uri: uri.clone(),
+        }
+    }
 }
 
 impl<S> Caller for HttpCaller<S>
@@ -261,7 +503,8 @@ where
     }
 }
 
-fn http_policies() -> Policies {
+/// The route's retry policy: 3 attempts, retryable 5xx.
+fn http_retry_policy() -> RetryPolicy {
     let backoff = Exponential::new(
         Duration::from_millis(10),
         Duration::from_millis(100),
@@ -269,33 +512,79 @@ fn http_policies() -> Policies {
         Jitter::None,
     )
     .expect("valid backoff");
-    let policy = RetryPolicy::builder()
+    RetryPolicy::builder()
         .max_attempts(3)
         .backoff(backoff)
         .retryable(HttpStatuses::default())
         .retry_non_idempotent(true)
         .build()
-        .expect("valid retry policy");
-    Policies::builder()
-        .route(Route::prefix("/"), policy)
-        .build()
+        .expect("valid retry policy")
+}
+
+/// The hyper pair's configurations, in table order (`bare` first: the ratios' baseline).
+const HYPER_CONFIGURATIONS: [&str; 7] = [
+    "bare",
+    "tower_retry",
+    "tower_retry+tps_budget",
+    "ours_retry_policy",
+    "ours_retry_policy+throttle",
+    "ours_retry_no_policy",
+    "ours_retry_no_policy_passthrough",
+];
+
+/// Measures the hyper configuration `name` (one of [`HYPER_CONFIGURATIONS`]) once, on a fresh
+/// client and connection to `uri`.
+async fn measure_hyper(name: &str, uri: &http::Uri, requests: usize) -> Sample {
+    // Every `RetryLayer` configuration has the same type: only the table differs.
+    let retry_layer =
+        |policies: Policies| HttpCaller::new(RetryLayer::new(policies).layer(hyper_client()), uri);
+    match name {
+        "bare" => measure(HttpCaller::new(hyper_client(), uri), requests).await,
+        "tower_retry" => {
+            let service = tower::retry::Retry::new(ClonePolicy::new(), hyper_client());
+            measure(HttpCaller::new(service, uri), requests).await
+        }
+        "tower_retry+tps_budget" => {
+            let service = tower::retry::Retry::new(ClonePolicy::with_budget(), hyper_client());
+            measure(HttpCaller::new(service, uri), requests).await
+        }
+        "ours_retry_policy" => {
+            let policies = Policies::builder()
+                .route(Route::prefix("/"), http_retry_policy())
+                .build();
+            measure(retry_layer(policies), requests).await
+        }
+        "ours_retry_policy+throttle" => {
+            let policies = Policies::builder()
+                .route(Route::prefix("/"), http_retry_policy())
+                .throttle(Throttle::new(10, 0.1).expect("A6's default throttle"))
+                .build();
+            measure(retry_layer(policies), requests).await
+        }
+        "ours_retry_no_policy" => {
+            let policies = Policies::builder()
+                .route(Route::prefix("/other"), http_retry_policy())
+                .build();
+            measure(retry_layer(policies), requests).await
+        }
+        "ours_retry_no_policy_passthrough" => {
+            let policies = Policies::builder()
+                .route(Route::prefix("/other"), http_retry_policy())
+                .transparent_retries(false)
+                .build();
+            measure(retry_layer(policies), requests).await
+        }
+        other => panic!("no hyper configuration named {other:?}; one of {HYPER_CONFIGURATIONS:?}"),
+    }
 }
 
 async fn hyper_pair() -> std::io::Result<()> {
     let addr = spawn_hyper_server()?;
     let uri: http::Uri = format!("http://{addr}/echo").parse().expect("valid uri");
-    let policies = http_policies();
-    compare(
-        "hyper HTTP/2",
-        async || HttpCaller {
-            service: hyper_client(),
-            uri: uri.clone(),
-        },
-        async || HttpCaller {
-            service: RetryLayer::new(policies.clone()).layer(hyper_client()),
-            uri: uri.clone(),
-        },
-    )
+    let requests = requests();
+    side_by_side("hyper-util HTTP/2", &HYPER_CONFIGURATIONS, async |i| {
+        measure_hyper(HYPER_CONFIGURATIONS[i], &uri, requests).await
+    })
     .await;
     Ok(())
 }
@@ -304,6 +593,9 @@ async fn hyper_pair() -> std::io::Result<()> {
 
 #[cfg(feature = "tonic")]
 mod grpc {
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
     use super::*;
     use tokio_stream::StreamExt;
     use tokio_stream::wrappers::TcpListenerStream;
@@ -380,6 +672,45 @@ mod grpc {
         }
     }
 
+    /// What `tower::retry` needs under tonic: tonic's request body is a stream that cannot be
+    /// cloned, so this collects it into `Full<Bytes>` before the service below (boxing the
+    /// future, as a user would write it).
+    #[derive(Clone)]
+    struct CollectBody<S> {
+        inner: S,
+    }
+
+    type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+    impl<S, B> Service<Request<tonic::body::Body>> for CollectBody<S>
+    where
+        S: Service<Request<Full<Bytes>>, Response = Response<B>> + Clone + Send + 'static,
+        S::Future: Send,
+        S::Error: Into<BoxError>,
+    {
+        type Response = Response<B>;
+        type Error = BoxError;
+        type Future = Pin<Box<dyn Future<Output = Result<Response<B>, BoxError>> + Send>>;
+
+        fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+            self.inner.poll_ready(cx).map_err(Into::into)
+        }
+
+        fn call(&mut self, request: Request<tonic::body::Body>) -> Self::Future {
+            // The service that was polled ready makes the call; `self` keeps a fresh clone.
+            let clone = self.inner.clone();
+            let mut ready = std::mem::replace(&mut self.inner, clone);
+            Box::pin(async move {
+                let (parts, body) = request.into_parts();
+                let body = body.collect().await?.to_bytes();
+                ready
+                    .call(Request::from_parts(parts, Full::new(body)))
+                    .await
+                    .map_err(Into::into)
+            })
+        }
+    }
+
     async fn channel(addr: SocketAddr) -> Channel {
         match Endpoint::from_shared(format!("http://{addr}")) {
             Ok(endpoint) => match endpoint.tcp_nodelay(true).connect().await {
@@ -404,8 +735,38 @@ mod grpc {
             .build()
     }
 
+    /// The request `CollectBody` made, back into the channel's body type.
+    fn to_tonic_body(request: Request<Full<Bytes>>) -> Request<tonic::body::Body> {
+        request.map(tonic::body::Body::new)
+    }
+
+    /// The tonic pair's configurations, in table order (`bare` first).
+    const CONFIGURATIONS: [&str; 3] = ["bare", "tower_retry+tps_budget", "ours_retry_policy"];
+
+    /// Measures the tonic configuration `CONFIGURATIONS[index]` once, on a fresh channel.
+    async fn measure_tonic(index: usize, addr: SocketAddr, requests: usize) -> Sample {
+        match CONFIGURATIONS[index] {
+            "bare" => {
+                let client = EchoClient::new(channel(addr).await);
+                measure(GrpcCaller { client }, requests).await
+            }
+            "tower_retry+tps_budget" => {
+                let below = channel(addr).await.map_request(to_tonic_body as fn(_) -> _);
+                let inner = tower::retry::Retry::new(ClonePolicy::with_budget(), below);
+                let client = EchoClient::new(CollectBody { inner });
+                measure(GrpcCaller { client }, requests).await
+            }
+            "ours_retry_policy" => {
+                let client =
+                    EchoClient::new(RetryLayer::new(policies()).layer(channel(addr).await));
+                measure(GrpcCaller { client }, requests).await
+            }
+            other => unreachable!("{other}"),
+        }
+    }
+
     pub(super) async fn tonic_pair() -> std::io::Result<()> {
-        let addr = serve_on_own_thread(|listener| async move {
+        let addr = serve_on_own_thread("tonic-server", |listener| async move {
             // Without TCP_NODELAY on the server's side too, Nagle's algorithm and delayed
             // ACKs would hold small responses back and measure the kernel, not the client.
             let incoming = TcpListenerStream::new(listener).map(|connection| {
@@ -419,18 +780,10 @@ mod grpc {
                 .serve_with_incoming(incoming)
                 .await;
         })?;
-        let policies = policies();
-        compare(
-            "tonic",
-            async || GrpcCaller {
-                client: EchoClient::new(channel(addr).await),
-            },
-            async || GrpcCaller {
-                client: EchoClient::new(
-                    RetryLayer::new(policies.clone()).layer(channel(addr).await),
-                ),
-            },
-        )
+        let requests = requests();
+        side_by_side("tonic", &CONFIGURATIONS, async |i| {
+            measure_tonic(i, addr, requests).await
+        })
         .await;
         Ok(())
     }
@@ -441,19 +794,28 @@ fn main() -> std::io::Result<()> {
         .enable_all()
         .build()?;
     runtime.block_on(async {
-        println!(
-            "\n{REQUESTS} requests, {} in flight; client and server on a thread each; requests/s\n",
-            in_flight(),
-        );
-        println!(
-            "| pair | configuration | runs (req/s) | median req/s | ratio | median CPU µs/req | CPU ratio |"
-        );
-        println!("|---|---|---|---:|---:|---:|---:|");
+        if let Ok(only) = std::env::var("LOOPBACK_ONLY") {
+            // Profiling mode: one measurement of one hyper configuration, no rounds.
+            let addr = spawn_hyper_server()?;
+            let uri: http::Uri = format!("http://{addr}/echo").parse().expect("valid uri");
+            let sample = measure_hyper(&only, &uri, requests()).await;
+            println!(
+                "{only}: {WARM_UP} warm-up + {} requests, {} in flight: {:.0} req/s, \
+                 {:.1} µs CPU/request (process), {:.1} µs (client thread)",
+                requests(),
+                in_flight(),
+                sample.requests_per_second,
+                sample.process_cpu_us,
+                sample.thread_cpu_us,
+            );
+            return Ok(());
+        }
         hyper_pair().await?;
         #[cfg(feature = "tonic")]
         grpc::tonic_pair().await?;
         #[cfg(not(feature = "tonic"))]
-        println!("| tonic | skipped: build with `--features tonic` | | | | | |");
+        println!("\ntonic: skipped, build with `--features tonic`");
+        println!("\nThreads and the CPU time each used: {}", threads_cpu());
         Ok::<_, std::io::Error>(())
     })?;
     Ok(())
