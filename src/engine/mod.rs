@@ -668,6 +668,10 @@ impl Engine {
             self.ended = true;
             return Action::End(end);
         }
+        if self.waits_on_answers_alone() {
+            // Nothing here needs the time: a pending call's poll reads no clock.
+            return Action::Wait(None);
+        }
         let now = inputs.now();
         self.start(now);
         if self.live.is_empty() {
@@ -695,6 +699,17 @@ impl Engine {
             return Action::End(self.last_end());
         }
         Action::Wait(self.wake_at())
+    }
+
+    /// Whether only an answer (or a commit) can move the call on: attempts are in flight and
+    /// nothing is timed, neither a deadline, nor a send decided on, nor a per-attempt timeout
+    /// (set at the start, so the call must have started unless its policy has none).
+    fn waits_on_answers_alone(&self) -> bool {
+        !self.live.is_empty()
+            && self.deadline.is_none()
+            && self.scheduled().next().is_none()
+            && self.attempt_timeout().is_none()
+            && (self.started || self.rules.per_attempt_timeout().is_none())
     }
 
     /// The end of a call with nothing in flight and nothing to send: its last failure.
