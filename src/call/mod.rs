@@ -51,6 +51,8 @@ thread_local! {
 ///
 /// A layer below one that moves the call to another task (a `tower::buffer::Buffer`) does
 /// not see this for the first attempt, and drives it too; later attempts carry [`Driven`].
+/// A service below that, inside its own `call`, calls another client through a layer of
+/// this crate would see that call passed through: services do their IO in their futures.
 pub(crate) fn sending<R>(send: impl FnOnce() -> R) -> R {
     /// Puts the flag back as it was, even if `send` panics.
     struct Restore(bool);
@@ -75,8 +77,7 @@ where
     S: Service<Request<B>> + Clone,
     B: Replay,
 {
-    let driven = SENDING.get() || request.extensions().get::<Driven>().is_some();
-    if driven {
+    if SENDING.get() || request.extensions().get::<Driven>().is_some() {
         // A layer above drives the call: nothing to look up.
         return CallFuture::passthrough(inner.call(request));
     }
@@ -96,7 +97,8 @@ where
         method: request.method(),
         grpc: is_grpc(&request),
         headers: request.headers(),
-        driven,
+        // Seen above.
+        driven: false,
         deadline: request
             .extensions()
             .get::<Deadline>()
