@@ -1006,14 +1006,19 @@ async fn a_pending_hedge_holds_no_permit_of_a_concurrency_limit() {
     assert_eq!(attempts(&a.await.unwrap().unwrap()).sent(), 2);
 }
 
-#[tokio::test(start_paused = true)]
-async fn retry_methods_pass_through_the_hedge_layer_and_hedge_methods_through_the_retry_layer() {
-    let retry = RetryPolicy::builder()
-        .max_attempts(3)
+/// Retries UNAVAILABLE up to `max_attempts`, the first retry 100 ms after a failure.
+fn retry_after_100ms(max_attempts: u32) -> RetryPolicy {
+    RetryPolicy::builder()
+        .max_attempts(max_attempts)
         .backoff(Exponential::new(ms(100), ms(1000), 2.0, Jitter::None).unwrap())
         .retryable(GrpcCodes::from([Code::Unavailable]))
         .build()
-        .unwrap();
+        .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn retry_methods_pass_through_the_hedge_layer_and_hedge_methods_through_the_retry_layer() {
+    let retry = retry_after_100ms(3);
     let policies = Policies::builder()
         .method("test.Echo/Retried", retry)
         .method("test.Echo/Hedged", hedge(2, 500))
@@ -1069,12 +1074,7 @@ async fn retry_methods_pass_through_the_hedge_layer_and_hedge_methods_through_th
 
 #[tokio::test(start_paused = true)]
 async fn a_layer_passes_through_only_while_the_layer_above_calls_it() {
-    let retry = RetryPolicy::builder()
-        .max_attempts(3)
-        .backoff(Exponential::new(ms(100), ms(1000), 2.0, Jitter::None).unwrap())
-        .retryable(GrpcCodes::from([Code::Unavailable]))
-        .build()
-        .unwrap();
+    let retry = retry_after_100ms(3);
     let policies = Policies::builder()
         .method("test.Echo/Retried", retry)
         .build();
