@@ -136,3 +136,20 @@ fn the_deadline_is_the_earliest_of_header_timeout_and_extension() {
         (Some(now + ms(500)), false)
     );
 }
+
+#[test]
+fn nothing_applies_only_without_a_policy_a_throttle_or_transparent_retries() {
+    let off = TableFacts {
+        transparent_retries: false,
+        ..TABLE
+    };
+    assert!(nothing_applies(None, &off));
+    assert!(!nothing_applies(None, &TABLE), "transparent retries");
+    let throttled = TableFacts {
+        has_throttle: true,
+        ..off
+    };
+    assert!(!nothing_applies(None, &throttled), "a throttle to credit");
+    let retry = MethodPolicy::Retry(retry_policy(|b| b));
+    assert!(!nothing_applies(Some(&retry), &off), "a policy");
+}

@@ -213,3 +213,38 @@ fn the_deadline_wins_over_an_answer_ready_in_the_same_poll() {
         Action::End(End::DeadlineExceeded)
     );
 }
+
+#[test]
+fn a_call_waiting_on_its_attempts_with_nothing_timed_reads_no_clock() {
+    let t0 = Instant::now();
+    let reads = std::cell::Cell::new(0);
+    let read = || {
+        reads.set(reads.get() + 1);
+        t0
+    };
+    let mut rng = SmallRng::seed_from_u64(7);
+    let mut poll_counting = |engine: &mut Engine| engine.poll(&mut Inputs::new(&read, &mut rng));
+
+    let plain = || rules(Mode::Retry(retry_policy(|b| b)), 5, None);
+    let mut engine = engine_of(plain(), None);
+    assert_eq!(poll_counting(&mut engine), Action::Wait(None));
+    assert_eq!(poll_counting(&mut engine), Action::Wait(None));
+    assert_eq!(reads.get(), 0, "nothing timed: no clock read");
+
+    // Each of the timed cases still reads the time: a deadline, a per-attempt timeout (set
+    // at the start, and waited for after it), a hedge.
+    let mut engine = engine_of(plain(), Some(t0 + ms(1000)));
+    assert_eq!(
+        poll_counting(&mut engine),
+        Action::Wait(Some(t0 + ms(1000)))
+    );
+    assert_eq!(reads.get(), 1);
+    let timed = retry_policy(|b| b.per_attempt_timeout(ms(300)));
+    let mut engine = engine_of(rules(Mode::Retry(timed), 5, None), None);
+    assert_eq!(poll_counting(&mut engine), Action::Wait(Some(t0 + ms(300))));
+    assert_eq!(poll_counting(&mut engine), Action::Wait(Some(t0 + ms(300))));
+    assert_eq!(reads.get(), 3);
+    let mut engine = engine_of(hedge_rules(3, ms(50)), None);
+    assert_eq!(poll_counting(&mut engine), Action::Wait(Some(t0 + ms(50))));
+    assert_eq!(reads.get(), 4);
+}
