@@ -56,7 +56,7 @@ where
 {
     let runtime = support::runtime();
     let one = |service: &mut S| {
-        let response = runtime.block_on(call(service, make()));
+        let response = runtime.block_on(support::call(service, make()));
         drop(black_box(response));
     };
     for _ in 0..WARM_UP {
@@ -82,22 +82,6 @@ where
         }
     }
     (allocs as f64 / CALLS as f64, bytes as f64 / CALLS as f64)
-}
-
-/// One call of any request type: `ready`, then `call`.
-async fn call<Rq, S>(service: &mut S, request: Rq) -> Res
-where
-    S: Service<Rq, Response = Res>,
-    S::Error: std::fmt::Debug,
-{
-    let ready = match tower::ServiceExt::<Rq>::ready(service).await {
-        Ok(ready) => ready,
-        Err(error) => panic!("the echo is always ready: {error:?}"),
-    };
-    match ready.call(request).await {
-        Ok(response) => response,
-        Err(error) => panic!("the echo never fails: {error:?}"),
-    }
 }
 
 impl Visit for Count<'_> {

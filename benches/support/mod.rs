@@ -381,13 +381,13 @@ where
     );
 }
 
-/// One call: waits for the service to be ready, then calls it.
-pub async fn call<S>(service: &mut S, request: Req) -> Res
+/// One call of any request type: waits for the service to be ready, then calls it.
+pub async fn call<Rq, S>(service: &mut S, request: Rq) -> Res
 where
-    S: Service<Req, Response = Res>,
+    S: Service<Rq, Response = Res>,
     S::Error: std::fmt::Debug,
 {
-    let ready = match ServiceExt::<Req>::ready(service).await {
+    let ready = match ServiceExt::<Rq>::ready(service).await {
         Ok(ready) => ready,
         Err(error) => panic!("the echo is always ready: {error:?}"),
     };
