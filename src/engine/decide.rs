@@ -191,6 +191,7 @@ impl Engine {
                 hedge,
             },
             granted: true,
+            backup: false,
         });
     }
 
@@ -317,6 +318,7 @@ impl Engine {
                 hedge: at_once,
             },
             granted: true,
+            backup: false,
         });
     }
 
@@ -346,7 +348,8 @@ impl Engine {
     }
 
     /// A non-fatal hedge failure: the next hedge goes now, or after the server's pushback,
-    /// or never; later ones follow at the hedging delay from it.
+    /// or never; later ones follow at the hedging delay from it. The next hedge replaces the
+    /// attempt that failed: it is no backup, so the hedge budget leaves it alone.
     fn next_hedge(&mut self, pushback: Option<Pushback>, now: Instant, may_repeat: bool) {
         if pushback == Some(Pushback::Stop) {
             tracing::debug!(
@@ -365,6 +368,7 @@ impl Engine {
         let at = after(now, delay);
         if let Some(next) = &mut self.next {
             next.at = Some(at);
+            next.backup = false;
         } else if self.may_count(may_repeat) {
             self.next = Some(Pending {
                 at: Some(at),
@@ -374,6 +378,7 @@ impl Engine {
                     hedge: true,
                 },
                 granted: false,
+                backup: false,
             });
         } else {
             return;

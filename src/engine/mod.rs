@@ -170,6 +170,11 @@ struct Pending {
     send: Send,
     /// The throttle allowed it (asked once: a budget withdraws when it says yes).
     granted: bool,
+    /// A backup request: a hedge due because the hedging delay passed while attempts are
+    /// still in flight, so it adds load. Only backups ask the policy's hedge budget; the next
+    /// hedge after a non-fatal failure replaces the attempt that failed and, as A6 says,
+    /// answers to the throttle alone.
+    backup: bool,
 }
 
 /// Which attempt the call is committed to: once it is, no new attempt may start.
@@ -294,6 +299,7 @@ impl Engine {
                     hedge: true,
                 },
                 granted: false,
+                backup: true,
             });
         }
         engine
@@ -475,9 +481,10 @@ impl Engine {
     }
 
     /// The service is ready for `send`, which [`poll`](Self::poll) gave: tells whether it
-    /// may go. A hedge asks its policy's budget and then the throttle here, once, when it can
-    /// really be sent (a budget withdraws when it says yes); a refusal stops the counted
-    /// attempts, and the call waits on those in flight.
+    /// may go. A counted send asks the throttle here, once, when it can really be sent (a
+    /// budget withdraws when it says yes); a backup hedge asks its policy's hedge budget
+    /// first, and gets its hedge back if the throttle then refuses. A refusal stops the
+    /// counted attempts, and the call waits on those in flight.
     pub(crate) fn admit(&mut self, send: Send) -> Admission {
         if self.is_over() {
             return Admission::Refused;
@@ -493,7 +500,11 @@ impl Engine {
             return Admission::Send;
         }
         next.granted = true;
-        if self.over_budget() {
+        let budget = match (&self.rules.mode, next.backup) {
+            (Mode::Hedge(policy, _), true) => policy.budget.clone(),
+            _ => None,
+        };
+        if budget.as_ref().is_some_and(|b| !b.try_hedge()) {
             tracing::debug!(attempt = self.sent + 1, "hedge over budget");
             self.stopped = true;
             self.next = None;
@@ -501,18 +512,14 @@ impl Engine {
             return Admission::OverBudget;
         }
         if self.throttle_refuses() {
+            if let Some(budget) = budget {
+                // A hedge never sent costs the budget nothing.
+                budget.give_back();
+            }
             self.next = None;
             return Admission::Refused;
         }
         Admission::Send
-    }
-
-    /// Whether the call's hedging policy has a budget, and it is spent.
-    fn over_budget(&self) -> bool {
-        match &self.rules.mode {
-            Mode::Hedge(policy, _) => policy.budget.as_ref().is_some_and(|b| !b.try_hedge()),
-            _ => false,
-        }
     }
 
     /// An attempt was sent for `send` (which [`admit`](Self::admit) let go), with body
@@ -564,6 +571,7 @@ impl Engine {
                     hedge: true,
                 },
                 granted: false,
+                backup: true,
             });
         }
         id

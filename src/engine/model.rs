@@ -20,7 +20,7 @@ use crate::backoff::{Exponential, Jitter};
 use crate::classify::{Code, GrpcCodes};
 use crate::policy::{HedgePolicy, RetryPolicy, ThrottleHandle};
 use crate::pushback::Pushback;
-use crate::throttle::Throttle;
+use crate::throttle::{HedgeBudget, Throttle};
 
 /// The body's one choice of a reader, made by itself or claimed by the engine.
 struct Body {
@@ -122,6 +122,8 @@ struct Setup {
     may_repeat: bool,
     per_attempt_timeout: Option<u64>,
     wait_for_ready: bool,
+    /// The hedges a hedging policy's budget holds, if it has one.
+    budget: Option<u32>,
 }
 
 fn setups() -> impl Strategy<Value = Setup> {
@@ -135,6 +137,7 @@ fn setups() -> impl Strategy<Value = Setup> {
         prop_oneof![4 => Just(true), 1 => Just(false)],
         proptest::option::weighted(0.2, 20u64..300),
         any::<bool>(),
+        proptest::option::of(0u32..3),
     )
         .prop_map(
             |(
@@ -147,6 +150,7 @@ fn setups() -> impl Strategy<Value = Setup> {
                 may_repeat,
                 timeout,
                 wait,
+                budget,
             )| {
                 Setup {
                     mode,
@@ -158,6 +162,7 @@ fn setups() -> impl Strategy<Value = Setup> {
                     may_repeat,
                     per_attempt_timeout: timeout,
                     wait_for_ready: wait,
+                    budget,
                 }
             },
         )
@@ -167,7 +172,12 @@ fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
-fn engine_for(setup: &Setup, start: Instant) -> Engine {
+/// A budget of exactly `hedges` for the one call a model makes: its ratio per call, no floor.
+fn budget_of(hedges: u32) -> HedgeBudget {
+    HedgeBudget::new(Duration::from_secs(60), 0, f64::from(hedges)).unwrap()
+}
+
+fn engine_for(setup: &Setup, start: Instant, budget: Option<&HedgeBudget>) -> Engine {
     let codes = || GrpcCodes::from([Code::Unavailable]);
     let backoff = Exponential::new(ms(10), ms(100), 2.0, Jitter::Full).unwrap();
     let mode = match setup.mode {
@@ -182,12 +192,14 @@ fn engine_for(setup: &Setup, start: Instant) -> Engine {
             Mode::Retry(Arc::new(builder.build().unwrap()))
         }
         1 => {
-            let policy = HedgePolicy::builder()
+            let mut builder = HedgePolicy::builder()
                 .max_attempts(setup.max_attempts)
                 .delay(ms(setup.hedging_delay))
-                .non_fatal(codes())
-                .build()
-                .unwrap();
+                .non_fatal(codes());
+            if let Some(budget) = budget {
+                builder = builder.budget(budget.clone());
+            }
+            let policy = builder.build().unwrap();
             Mode::Hedge(Arc::new(policy), ms(setup.hedging_delay))
         }
         _ => Mode::Single,
@@ -243,13 +255,28 @@ struct Model {
     ended: Option<Ended>,
     sends: u32,
     transparent_sends: u32,
+    /// The hedging policy's budget, if it has one.
+    budget: Option<HedgeBudget>,
+    /// Hedges in the budget once the call began, hedges taken from it, and hedges it refused.
+    budget_at_start: u64,
+    withdrawn: u64,
+    over_budget: u32,
+    /// An attempt failed (its failure kept) since the last counted send: the next hedge may
+    /// be its replacement, which the budget leaves alone.
+    failed_since_send: bool,
+    /// An attempt failed with a non-fatal code since the last counted send: the next hedge
+    /// is its replacement.
+    replaced_since_send: bool,
 }
 
 impl Model {
     fn new(setup: &Setup) -> Model {
         let now = Instant::now();
+        let budget = setup.budget.filter(|_| setup.mode == 1).map(budget_of);
+        let engine = engine_for(setup, now, budget.as_ref());
+        let budget_at_start = budget.as_ref().map_or(0, HedgeBudget::remaining);
         Model {
-            engine: engine_for(setup, now),
+            engine,
             body: Body {
                 committed: Cell::new(None),
             },
@@ -264,7 +291,54 @@ impl Model {
             ended: None,
             sends: 1,
             transparent_sends: 0,
+            budget,
+            budget_at_start,
+            withdrawn: 0,
+            over_budget: 0,
+            failed_since_send: false,
+            replaced_since_send: false,
         }
+    }
+
+    /// The hedges left in the budget (0 without one).
+    fn remaining(&self) -> u64 {
+        self.budget.as_ref().map_or(0, HedgeBudget::remaining)
+    }
+
+    /// Admits `send` as the driver does, checking what it did to the budget: a refusal
+    /// (the throttle's, or the end of the call) takes nothing; a hedge over budget is
+    /// refused only when the budget is spent; a backup hedge (no attempt failed since the
+    /// last counted send) takes one; the replacement of an attempt that failed with a
+    /// non-fatal code takes none and is never over budget.
+    fn admit(&mut self, send: Send) -> Result<Admission, TestCaseError> {
+        let before = self.remaining();
+        let admission = self.engine.admit(send);
+        let taken = before - self.remaining();
+        let counted_hedge = self.budget.is_some() && send.hedge && !send.transparent;
+        match admission {
+            Admission::Refused => prop_assert_eq!(taken, 0, "a refused send took a hedge"),
+            Admission::OverBudget => {
+                prop_assert!(
+                    self.budget.is_some() && before == 0,
+                    "over a budget not spent"
+                );
+                prop_assert!(!self.replaced_since_send, "a replacement over budget");
+                prop_assert_eq!(taken, 0);
+                self.over_budget += 1;
+            }
+            Admission::Send => {
+                if !counted_hedge {
+                    prop_assert_eq!(taken, 0, "{:?} took a hedge", send);
+                } else if self.replaced_since_send {
+                    prop_assert_eq!(taken, 0, "a replacement took a hedge");
+                } else if !self.failed_since_send {
+                    prop_assert_eq!(taken, 1, "a backup went without asking the budget");
+                }
+                prop_assert!(taken <= 1);
+                self.withdrawn += taken;
+            }
+        }
+        Ok(admission)
     }
 
     fn inputs<T>(&mut self, f: impl FnOnce(&mut Engine, &mut Inputs<'_>) -> T) -> T {
@@ -379,7 +453,12 @@ impl Model {
                         }
                         self.end(Ended::Answer(id))?;
                     }
-                    Verdict::Keep => self.kept = Some(id),
+                    Verdict::Keep => {
+                        self.kept = Some(id);
+                        self.failed_since_send = true;
+                        self.replaced_since_send |=
+                            matches!(answer, Answer::Retryable | Answer::PushbackAfter(_));
+                    }
                     Verdict::Drop => {}
                 }
                 if self.recorded
@@ -422,7 +501,7 @@ impl Model {
                         }
                     }
                     Ready::Yes => {
-                        if self.engine.admit(send) == Admission::Send {
+                        if self.admit(send)? == Admission::Send {
                             if self.recorded && self.body.committed.get().is_some() {
                                 // The body cannot be copied: the driver reports the commit.
                                 let reader = self.body.committed.get().unwrap_or_default();
@@ -433,6 +512,10 @@ impl Model {
                                 let id = self.inputs(|e, i| e.on_sent(send, reader, i));
                                 self.sends += 1;
                                 self.transparent_sends += u32::from(send.transparent);
+                                if !send.transparent {
+                                    self.failed_since_send = false;
+                                    self.replaced_since_send = false;
+                                }
                                 prop_assert_eq!(id.send, self.sends);
                                 self.held.push((id, reader));
                             }
@@ -449,6 +532,10 @@ impl Model {
         let attempts = self.engine.attempts();
         prop_assert_eq!(attempts.sent(), self.sends);
         prop_assert_eq!(attempts.transparent(), self.transparent_sends);
+        // The budget lost exactly the hedges admitted from it, and counted each refusal.
+        prop_assert_eq!(self.budget_at_start - self.remaining(), self.withdrawn);
+        let over = self.engine.extra().map_or(0, |e| e.hedges_over_budget);
+        prop_assert_eq!(over, self.over_budget);
         Ok(())
     }
 

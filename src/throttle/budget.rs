@@ -111,6 +111,14 @@ impl RetryBudget {
         self.available(&window)
     }
 
+    /// Gives back a retry that [`allows_retry`](RetryThrottle::allows_retry) let through
+    /// and that was not sent after all.
+    pub(crate) fn give_back(&self) {
+        let mut window = self.lock();
+        let current = window.current(Instant::now());
+        current.retries = current.retries.saturating_sub(1);
+    }
+
     fn available(&self, window: &Slots<Counts, SLOTS>) -> u64 {
         let calls: u64 = window.iter().map(|c| c.calls).sum();
         let retries: u64 = window.iter().map(|c| c.retries).sum();

@@ -21,7 +21,7 @@ use super::{BudgetError, RetryBudget, RetryThrottle};
 ///
 /// Give it to a hedging policy ([`HedgePolicyBuilder::budget`]); clones share one window, so
 /// one budget can also be shared by several policies. Policies made from service-config JSON
-/// get [`HedgeBudget::default`] (5 % over 10 s, 1 per second), which
+/// get [`HedgeBudget::default`] (5 % over 10 s, 2 per second), which
 /// [`PoliciesBuilder::hedge_budget`] changes or turns off. Time is `tokio::time::Instant`, so
 /// it can be tested on tokio's paused clock.
 ///
@@ -70,6 +70,12 @@ impl HedgeBudget {
         self.0.allows_retry()
     }
 
+    /// Gives back a hedge that [`try_hedge`](Self::try_hedge) let through and that was not
+    /// sent after all (the throttle refused it).
+    pub(crate) fn give_back(&self) {
+        self.0.give_back();
+    }
+
     /// Hedges still allowed now (rounded down).
     pub fn remaining(&self) -> u64 {
         self.0.remaining()
@@ -77,9 +83,11 @@ impl HedgeBudget {
 }
 
 impl Default for HedgeBudget {
-    /// 5 % of the calls over a 10 s window, and 1 hedge per second.
+    /// 5 % of the calls over a 10 s window, and 2 hedges per second: a client that sends a
+    /// few calls in 10 s may hedge each of them as A6 says (20 hedges, enough for four
+    /// calls of 5 attempts that all go slow), while sustained slowness adds about 5 %.
     fn default() -> HedgeBudget {
-        HedgeBudget::new(Duration::from_secs(10), 1, 0.05).expect("valid default budget")
+        HedgeBudget::new(Duration::from_secs(10), 2, 0.05).expect("valid default budget")
     }
 }
 

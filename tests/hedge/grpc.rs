@@ -5,7 +5,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use tower::ServiceBuilder;
+use tower::{Layer, ServiceBuilder};
 use tower_retry_hedge::classify::{Code, GrpcCodes};
 use tower_retry_hedge::metadata::Attempts;
 use tower_retry_hedge::{HedgeLayer, HedgePolicy, Policies};
@@ -77,5 +77,45 @@ async fn tonic_client_gets_the_fast_hedge_and_the_slow_attempt_is_cancelled() {
     assert_eq!(attempts[1].previous_attempts.as_deref(), Some("1"));
     assert_eq!(attempts[1].payload.as_ref(), b"\x00\xff");
 
+    guard(peer.shutdown()).await;
+}
+
+#[tokio::test]
+async fn a_json_hedging_method_sends_the_next_hedge_for_every_failed_first_attempt() {
+    // 100 calls one after the other, each with a first attempt that fails UNAVAILABLE and a
+    // second that answers: every call succeeds after 2 attempts, whatever the hedge budget
+    // that the JSON policy carries (A6's next hedge after a failure does not ask it).
+    let calls = 100;
+    let script = (0..calls).fold(Script::new(), |script, call| {
+        script.call(call, [Action::fail(tonic::Code::Unavailable), Action::Ok])
+    });
+    let peer = spawn_grpc(script).await;
+    let policies = tower_retry_hedge::ServiceConfig::from_json(
+        r#"{"methodConfig": [{
+            "name": [{"service": "test.echo.Echo"}],
+            "hedgingPolicy": {
+                "maxAttempts": 3, "hedgingDelay": "1s", "nonFatalStatusCodes": ["UNAVAILABLE"]
+            }
+        }]}"#,
+    )
+    .expect("valid service config")
+    .policies();
+    let channel = peer.channel().await;
+    let mut client = EchoClient::new(HedgeLayer::new(policies).layer(channel));
+    for call in 0..calls {
+        let request = EchoRequest {
+            message: "hedged".to_owned(),
+            payload: Vec::new(),
+            call,
+        };
+        let response = guard(client.unary(request))
+            .await
+            .unwrap_or_else(|status| panic!("call {call} failed: {status:?}"));
+        assert_eq!(
+            response.extensions().get::<Attempts>(),
+            Some(&Attempts::new(2, 0)),
+            "call {call}"
+        );
+    }
     guard(peer.shutdown()).await;
 }

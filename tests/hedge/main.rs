@@ -12,6 +12,7 @@ mod common;
 #[path = "../retry/support.rs"]
 mod support;
 
+mod budget;
 mod commit;
 #[cfg(feature = "tonic")]
 mod grpc;

@@ -1,6 +1,7 @@
 //! Attempts that could not connect (with and without wait-for-ready), and the hedge budget.
 
 use super::*;
+use crate::throttle::HedgeBudget;
 
 #[test]
 fn without_wait_for_ready_a_never_sent_attempt_is_an_unavailable_failure_for_the_policy() {
@@ -84,7 +85,7 @@ fn a_never_sent_hedge_sends_the_next_at_once_when_unavailable_is_non_fatal() {
 #[test]
 fn a_hedge_over_its_policy_budget_is_not_sent_and_the_call_waits_on_the_first() {
     // 50 % of calls, no floor: of two calls, one hedge.
-    let budget = crate::throttle::HedgeBudget::new(Duration::from_secs(10), 0, 0.5).unwrap();
+    let budget = HedgeBudget::new(Duration::from_secs(10), 0, 0.5).unwrap();
     let policy = HedgePolicy::builder()
         .max_attempts(3)
         .delay(ms(10))
@@ -118,4 +119,107 @@ fn a_hedge_over_its_policy_budget_is_not_sent_and_the_call_waits_on_the_first() 
         ),
         Verdict::Return
     );
+}
+
+/// A hedging policy of `max` attempts, `delay` apart, that may hedge at most `ratio` of its
+/// calls, with no floor.
+fn budgeted(max: u32, delay: Duration, ratio: f64) -> (Arc<HedgePolicy>, HedgeBudget) {
+    let budget = HedgeBudget::new(Duration::from_secs(10), 0, ratio).unwrap();
+    let policy = HedgePolicy::builder()
+        .max_attempts(max)
+        .delay(delay)
+        .non_fatal(GrpcCodes::from([Code::Unavailable]))
+        .budget(budget.clone())
+        .build()
+        .unwrap();
+    (Arc::new(policy), budget)
+}
+
+#[test]
+fn the_next_hedge_after_a_non_fatal_failure_does_not_ask_the_budget() {
+    // A budget that allows no hedge at all: A6's next hedge at once still goes, for every
+    // failure, and takes nothing from it.
+    let (policy, budget) = budgeted(4, ms(10), 0.0);
+    let counting = Counting::default();
+    let throttle = Some(Arc::new(counting.clone()) as ThrottleHandle);
+    let mut engine = engine_of(rules(Mode::Hedge(policy, ms(10)), 4, throttle), None);
+    poll(&mut engine, t0());
+    let mut attempt = AttemptId::FIRST;
+    for n in 2..=4 {
+        assert_eq!(answer(&mut engine, attempt, RETRYABLE, t0()), Verdict::Keep);
+        let Action::Send(send) = poll(&mut engine, t0()) else {
+            panic!("hedge {n} goes at once")
+        };
+        attempt = sent(&mut engine, send, t0());
+        assert_eq!(attempt.number, n);
+    }
+    assert_eq!(budget.remaining(), 0);
+    assert_eq!(engine.extra().map(|e| e.hedges_over_budget), Some(0));
+    // The throttle alone governed them, as it governs a retry.
+    assert_eq!(counting.asked(), 3);
+}
+
+#[test]
+fn a_backup_due_on_the_delay_becomes_a_replacement_when_the_attempt_fails_first() {
+    // The second attempt was planned as a backup at 10 ms; the first fails at 5 ms, so it
+    // goes at once, as the failed attempt's replacement: the budget is not asked. The third,
+    // due on the delay beside the second, is a backup again and asks it.
+    let (policy, budget) = budgeted(3, ms(10), 0.0);
+    let mut engine = engine_of(rules(Mode::Hedge(policy, ms(10)), 3, None), None);
+    assert_eq!(poll(&mut engine, t0()), Action::Wait(Some(t0() + ms(10))));
+    assert_eq!(
+        answer(&mut engine, AttemptId::FIRST, RETRYABLE, t0() + ms(5)),
+        Verdict::Keep
+    );
+    let Action::Send(send) = poll(&mut engine, t0() + ms(5)) else {
+        panic!("the second goes at once")
+    };
+    let second = sent(&mut engine, send, t0() + ms(5));
+    let Action::Send(send) = poll(&mut engine, t0() + ms(15)) else {
+        panic!("the third is due on the delay")
+    };
+    assert_eq!(engine.admit(send), Admission::OverBudget);
+    assert_eq!(engine.extra().map(|e| e.hedges_over_budget), Some(1));
+    assert_eq!(budget.remaining(), 0);
+    assert_eq!(poll(&mut engine, t0() + ms(15)), Action::Wait(None));
+    assert_eq!(
+        answer(&mut engine, second, Outcome::Success, t0() + ms(20)),
+        Verdict::Return
+    );
+}
+
+#[test]
+fn a_backup_the_throttle_refuses_costs_the_budget_nothing() {
+    // Four calls at 50 %: two hedges in the budget. The A6 bucket is at half, so it refuses
+    // every hedge; none is sent, and the budget keeps both.
+    let (policy, budget) = budgeted(3, ms(10), 0.5);
+    let throttle = Throttle::new(10, 0.1).unwrap();
+    for _ in 0..5 {
+        throttle.on_failure();
+    }
+    let handle = Some(Arc::new(throttle.clone()) as ThrottleHandle);
+    let rules = || rules(Mode::Hedge(policy.clone(), ms(10)), 3, handle.clone());
+    let mut engines: Vec<Engine> = (0..4).map(|_| engine_of(rules(), None)).collect();
+    for engine in &mut engines {
+        poll(engine, t0());
+        let Action::Send(send) = poll(engine, t0() + ms(10)) else {
+            panic!("the hedge is due")
+        };
+        assert_eq!(engine.admit(send), Admission::Refused);
+        assert_eq!(engine.extra().map(|e| e.hedges_over_budget), None);
+    }
+    assert_eq!(budget.remaining(), 2);
+    // Once the bucket is above half again, the backups take their hedges from the budget.
+    throttle.on_success();
+    let mut engines: Vec<Engine> = (0..3).map(|_| engine_of(rules(), None)).collect();
+    let mut sends = 0;
+    for engine in &mut engines {
+        poll(engine, t0());
+        let Action::Send(send) = poll(engine, t0() + ms(10)) else {
+            panic!("the hedge is due")
+        };
+        sends += usize::from(engine.admit(send) == Admission::Send);
+    }
+    // Three more calls earned 1.5: 3.5 in all, rounded down to 3.
+    assert_eq!((sends, budget.remaining()), (3, 0));
 }
