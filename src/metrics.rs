@@ -1,11 +1,11 @@
 //! gRFC A96's per-call retry metrics on an OpenTelemetry meter (the API only; the user's SDK
-//! aggregates and exports them).
+//! aggregates and exports them), with gRFC A108's optional custom label.
 
 use std::fmt;
 use std::sync::Arc;
 
 use opentelemetry::metrics::{Counter, Histogram, Meter};
-use opentelemetry::{KeyValue, Value};
+use opentelemetry::{KeyValue, StringValue, Value};
 
 use crate::stats::CallCounts;
 
@@ -33,8 +33,54 @@ pub const RETRY_DELAY_BUCKETS: [f64; 41] = [
     0.2, 0.25, 0.3, 0.4, 0.5, 0.65, 0.8, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0,
 ];
 
+/// `grpc.client.call.custom`: gRFC A108's label, whose value each call brings in a
+/// [`CustomLabel`] extension, recorded when [`RetryMetrics::custom_label`] turns it on.
+pub const CUSTOM_LABEL_KEY: &str = "grpc.client.call.custom";
+
 /// The label value A66 records for what it will not name.
 const OTHER: &str = "other";
+
+/// A call's value of gRFC A108's `grpc.client.call.custom` label: put it in the request's
+/// extensions, and [`RetryMetrics`] built with [`custom_label(true)`](RetryMetrics::custom_label)
+/// record the call's A96 instruments under it. A dimension the application defines (a
+/// tenant tier, a feature, a caller), not a raw id: each value is a series of its own.
+///
+/// ```
+/// use tower_retry_hedge::telemetry::CustomLabel;
+///
+/// let mut request = http::Request::new(());
+/// request.extensions_mut().insert(CustomLabel::from_static("checkout"));
+/// // Or a value known at run time: the copy each attempt gets shares it.
+/// let tier = String::from("premium");
+/// request.extensions_mut().insert(CustomLabel::new(tier));
+/// assert_eq!(request.extensions().get::<CustomLabel>().unwrap().as_str(), "premium");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CustomLabel(StringValue);
+
+impl CustomLabel {
+    /// The label `value`, kept behind an `Arc`: the layers copy a request's extensions to
+    /// every attempt, and a clone then costs no allocation.
+    pub fn new(value: impl Into<Arc<str>>) -> CustomLabel {
+        CustomLabel(StringValue::from(value.into()))
+    }
+
+    /// The label `value`, with no allocation at all.
+    pub fn from_static(value: &'static str) -> CustomLabel {
+        CustomLabel(StringValue::from(value))
+    }
+
+    /// The value.
+    pub fn as_str(&self) -> &str {
+        self.0.as_str()
+    }
+}
+
+impl fmt::Display for CustomLabel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
 
 /// The instruments of gRFC A96, made on a [`Meter`], for
 /// [`PoliciesBuilder::metrics`](crate::policy::PoliciesBuilder::metrics): see the
@@ -62,6 +108,7 @@ pub struct RetryMetrics {
     delay: Histogram<f64>,
     over_budget: Counter<u64>,
     target: Option<Arc<str>>,
+    custom_label: bool,
 }
 
 impl RetryMetrics {
@@ -108,6 +155,7 @@ impl RetryMetrics {
                 .with_description("Hedges not sent because their policy's hedge budget was spent.")
                 .build(),
             target: None,
+            custom_label: false,
         }
     }
 
@@ -116,6 +164,36 @@ impl RetryMetrics {
     pub fn target(mut self, target: impl Into<String>) -> RetryMetrics {
         self.target = Some(Arc::from(target.into()));
         self
+    }
+
+    /// Whether each call's values also carry gRFC A108's `grpc.client.call.custom` label
+    /// (default `false`): the value of the request's [`CustomLabel`] extension, or the empty
+    /// string for a request without one, as A108 says. A108 leaves the label off unless the
+    /// application turns it on, since every value makes series of its own. Off, no call
+    /// looks for the extension.
+    ///
+    /// ```
+    /// use opentelemetry::metrics::MeterProvider as _;
+    /// use opentelemetry_sdk::metrics::SdkMeterProvider;
+    /// use tower_retry_hedge::telemetry::{CustomLabel, RetryMetrics};
+    /// use tower_retry_hedge::Policies;
+    ///
+    /// let provider = SdkMeterProvider::builder().build();
+    /// let metrics = RetryMetrics::new(&provider.meter("tower-retry-hedge")).custom_label(true);
+    /// let policies = Policies::builder().metrics(metrics).build();
+    /// // Calls of this request record `grpc.client.call.custom = "batch"`.
+    /// let mut request = http::Request::new(());
+    /// request.extensions_mut().insert(CustomLabel::from_static("batch"));
+    /// # let _ = (policies, request);
+    /// ```
+    pub fn custom_label(mut self, on: bool) -> RetryMetrics {
+        self.custom_label = on;
+        self
+    }
+
+    /// Whether calls are to read their [`CustomLabel`] for these metrics.
+    pub(crate) fn records_custom_label(&self) -> bool {
+        self.custom_label
     }
 
     /// Records one call that made more than one attempt.
@@ -127,10 +205,19 @@ impl RetryMetrics {
         let attributes = [
             KeyValue::new("grpc.method", labels.method.clone()),
             KeyValue::new("grpc.target", target),
+            KeyValue::new(
+                CUSTOM_LABEL_KEY,
+                labels.custom.clone().unwrap_or(Value::from("")),
+            ),
         ];
+        // A108's label only when the metrics record it: off, it is no label at all.
+        let attributes = match labels.custom {
+            Some(_) => &attributes[..],
+            None => &attributes[..2],
+        };
         if extra.hedges_over_budget > 0 {
             self.over_budget
-                .add(u64::from(extra.hedges_over_budget), &attributes);
+                .add(u64::from(extra.hedges_over_budget), attributes);
         }
         if extra.retries + extra.hedges + extra.transparent == 0 {
             // Only a hedge refused: no attempt after the first, no retry delay to report.
@@ -143,10 +230,10 @@ impl RetryMetrics {
             (&self.hedges, extra.hedges),
         ] {
             if count > 0 {
-                histogram.record(u64::from(count), &attributes);
+                histogram.record(u64::from(count), attributes);
             }
         }
-        self.delay.record(extra.delay.as_secs_f64(), &attributes);
+        self.delay.record(extra.delay.as_secs_f64(), attributes);
     }
 }
 
@@ -160,24 +247,29 @@ impl fmt::Debug for RetryMetrics {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RetryMetrics")
             .field("target", &self.target)
+            .field("custom_label", &self.custom_label)
             .finish_non_exhaustive()
     }
 }
 
-/// A call's `grpc.method`, and its authority for `grpc.target`.
+/// A call's `grpc.method`, its authority for `grpc.target`, and its
+/// `grpc.client.call.custom` when the metrics record it.
 pub(crate) struct Labels {
     method: Value,
     authority: Value,
+    custom: Option<Value>,
 }
 
 impl Labels {
     /// The labels of a call to `path` on `authority`, which took the route named `route`
-    /// if any.
+    /// if any. `extensions`, the request's, are given only when the metrics record A108's
+    /// custom label, so a table without it never looks the extension up.
     pub(crate) fn of(
         path: &str,
         grpc: bool,
         authority: Option<&str>,
         route: Option<&Arc<str>>,
+        extensions: Option<&http::Extensions>,
     ) -> Labels {
         let method = match route {
             Some(route) => Value::from(Arc::clone(route)),
@@ -190,6 +282,15 @@ impl Labels {
             Some(authority) if !authority.is_empty() => Value::from(authority.to_owned()),
             _ => Value::from(OTHER),
         };
-        Labels { method, authority }
+        let custom = extensions.map(|extensions| match extensions.get::<CustomLabel>() {
+            Some(label) => Value::String(label.0.clone()),
+            // A108: "When not specified, the value will be empty string."
+            None => Value::from(""),
+        });
+        Labels {
+            method,
+            authority,
+            custom,
+        }
     }
 }

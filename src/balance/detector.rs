@@ -334,13 +334,14 @@ impl Detector {
             if self.records[index].ejection.is_some() || rate >= threshold {
                 continue;
             }
-            self.detected(super::EjectionReason::SuccessRate);
             if !self.can_eject() {
                 self.overflow(index, super::EjectionReason::SuccessRate);
                 return;
             }
             if rng.random_range(0..100) < config.enforcement_percentage {
                 self.eject(index, super::EjectionReason::SuccessRate, 1.0 - rate, now);
+            } else {
+                self.not_enforced(super::EjectionReason::SuccessRate);
             }
         }
     }
@@ -364,7 +365,6 @@ impl Detector {
             if count.failures * 100 <= u64::from(config.threshold) * count.volume() {
                 continue;
             }
-            self.detected(super::EjectionReason::FailurePercentage);
             if !self.can_eject() {
                 self.overflow(index, super::EjectionReason::FailurePercentage);
                 return;
@@ -372,6 +372,8 @@ impl Detector {
             if rng.random_range(0..100) < config.enforcement_percentage {
                 let rate = count.failures as f64 / count.volume() as f64;
                 self.eject(index, super::EjectionReason::FailurePercentage, rate, now);
+            } else {
+                self.not_enforced(super::EjectionReason::FailurePercentage);
             }
         }
     }
@@ -494,10 +496,11 @@ impl Detector {
         }
     }
 
-    fn detected(&self, _reason: super::EjectionReason) {
+    /// An outlier the draw against the enforcement percentage left in rotation.
+    fn not_enforced(&self, _reason: super::EjectionReason) {
         #[cfg(feature = "opentelemetry")]
         if let Some(metrics) = &self.config.metrics {
-            metrics.detected(_reason);
+            metrics.unenforced(_reason, super::metrics::Unenforced::EnforcementPercentage);
         }
     }
 
@@ -513,7 +516,7 @@ impl Detector {
         );
         #[cfg(feature = "opentelemetry")]
         if let Some(metrics) = &self.config.metrics {
-            metrics.overflow();
+            metrics.unenforced(reason, super::metrics::Unenforced::MaxEjectionOverflow);
         }
     }
 

@@ -1,45 +1,69 @@
-//! The balancer's ejections on an OpenTelemetry meter (features `balance` and
-//! `opentelemetry`), with the names gRFC A91 proposes for gRPC's outlier detection.
+//! The balancer's outlier detection on an OpenTelemetry meter (features `balance` and
+//! `opentelemetry`): the two counters of gRFC A91.
 
 use std::fmt;
 use std::sync::Arc;
 
-use opentelemetry::KeyValue;
 use opentelemetry::metrics::{Counter, Meter};
+use opentelemetry::{KeyValue, Value};
 
 use super::EjectionReason;
 
-/// `grpc.lb.outlier_detection.ejections_enforced_total`: every ejection, whatever the reason.
+/// `grpc.lb.outlier_detection.ejections_enforced`: outliers ejected, by detection method.
 ///
 /// ```
-/// use tower_retry_hedge::balance::EJECTIONS_ENFORCED_TOTAL;
+/// use tower_retry_hedge::balance::EJECTIONS_ENFORCED;
 ///
-/// assert!(EJECTIONS_ENFORCED_TOTAL.starts_with("grpc.lb.outlier_detection."));
+/// assert_eq!(EJECTIONS_ENFORCED, "grpc.lb.outlier_detection.ejections_enforced");
 /// ```
-pub const EJECTIONS_ENFORCED_TOTAL: &str = "grpc.lb.outlier_detection.ejections_enforced_total";
-/// `grpc.lb.outlier_detection.ejections_overflow`: outliers not ejected because the most
-/// backends that may be ejected were.
-pub const EJECTIONS_OVERFLOW: &str = "grpc.lb.outlier_detection.ejections_overflow";
-/// `grpc.lb.outlier_detection.ejections_enforced_success_rate`.
-pub const EJECTIONS_ENFORCED_SUCCESS_RATE: &str =
-    "grpc.lb.outlier_detection.ejections_enforced_success_rate";
-/// `grpc.lb.outlier_detection.ejections_detected_success_rate`: outliers found, ejected or
-/// not.
-pub const EJECTIONS_DETECTED_SUCCESS_RATE: &str =
-    "grpc.lb.outlier_detection.ejections_detected_success_rate";
-/// `grpc.lb.outlier_detection.ejections_enforced_failure_percentage`.
-pub const EJECTIONS_ENFORCED_FAILURE_PERCENTAGE: &str =
-    "grpc.lb.outlier_detection.ejections_enforced_failure_percentage";
-/// `grpc.lb.outlier_detection.ejections_detected_failure_percentage`: outliers found, ejected
-/// or not.
-pub const EJECTIONS_DETECTED_FAILURE_PERCENTAGE: &str =
-    "grpc.lb.outlier_detection.ejections_detected_failure_percentage";
+pub const EJECTIONS_ENFORCED: &str = "grpc.lb.outlier_detection.ejections_enforced";
+/// `grpc.lb.outlier_detection.ejections_unenforced`: outliers found and left in rotation, by
+/// detection method and reason.
+pub const EJECTIONS_UNENFORCED: &str = "grpc.lb.outlier_detection.ejections_unenforced";
 
-/// The counters of gRFC A91 (gRPC's proposed outlier-detection metrics), made on a
-/// [`Meter`], for [`OutlierDetectionBuilder::metrics`](super::OutlierDetectionBuilder::metrics).
-/// An ejection for a run of consecutive failures (not an A50 algorithm) counts in
-/// [`EJECTIONS_ENFORCED_TOTAL`] only. Each carries `grpc.target` when
-/// [`target`](Self::target) gives one.
+/// The label of how an outlier was found (A91's values, and this crate's for a run of
+/// consecutive failures).
+const DETECTION_METHOD: &str = "grpc.lb.outlier_detection.detection_method";
+/// The label of why an outlier was not ejected, on [`EJECTIONS_UNENFORCED`] only.
+const UNENFORCED_REASON: &str = "grpc.lb.outlier_detection.unenforced_reason";
+
+/// Why an outlier stayed in rotation, as A91's `unenforced_reason` names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Unenforced {
+    /// The draw against the algorithm's `enforcement_percentage` said no.
+    EnforcementPercentage,
+    /// The most backends that may be ejected (`max_ejection_percent`, never all) were.
+    MaxEjectionOverflow,
+}
+
+impl Unenforced {
+    fn as_str(self) -> &'static str {
+        match self {
+            Unenforced::EnforcementPercentage => "enforcement_percentage",
+            Unenforced::MaxEjectionOverflow => "max_ejection_overflow",
+        }
+    }
+}
+
+/// The counters of gRFC A91 (gRPC's outlier-detection metrics), made on a [`Meter`], for
+/// [`OutlierDetectionBuilder::metrics`](super::OutlierDetectionBuilder::metrics):
+///
+/// | instrument | unit | counts | labels |
+/// |---|---|---|---|
+/// | [`grpc.lb.outlier_detection.ejections_enforced`](EJECTIONS_ENFORCED) | `{ejection}` | backends ejected | `grpc.target`, `grpc.lb.backend_service`, `grpc.lb.outlier_detection.detection_method` |
+/// | [`grpc.lb.outlier_detection.ejections_unenforced`](EJECTIONS_UNENFORCED) | `{ejection}` | outliers found and not ejected | the same, and `grpc.lb.outlier_detection.unenforced_reason` |
+///
+/// - `grpc.target`: the channel's target given to [`target`](Self::target), else `other`
+///   (A91 requires the label; `other` is what gRFC A66 records for a target it does not name).
+/// - `grpc.lb.backend_service` (gRFC A89): only when [`backend_service`](Self::backend_service)
+///   gives one.
+/// - `grpc.lb.outlier_detection.detection_method`: A91's `success_rate` or
+///   `failure_percentage`, or `consecutive_failures` for this crate's run of consecutive
+///   failures, which A91 does not know ([`EjectionReason::as_str`], as the `tracing` events
+///   have it).
+/// - `grpc.lb.outlier_detection.unenforced_reason`: A91's `enforcement_percentage` (the draw
+///   against the algorithm's enforcement percentage said no) or `max_ejection_overflow` (the
+///   most backends that may be ejected were; never all of them).
 ///
 /// Cheap to clone: the instruments are handles.
 ///
@@ -50,24 +74,22 @@ pub const EJECTIONS_DETECTED_FAILURE_PERCENTAGE: &str =
 ///
 /// let provider = SdkMeterProvider::builder().build();
 /// let metrics = OutlierMetrics::new(&provider.meter("tower-retry-hedge"))
-///     .target("dns:///greeter.example.com:443");
+///     .target("dns:///greeter.example.com:443")
+///     .backend_service("greeter-backend");
 /// let detection = OutlierDetection::builder().metrics(metrics).build()?;
 /// # let _ = detection;
 /// # Ok::<(), tower_retry_hedge::balance::OutlierDetectionError>(())
 /// ```
 #[derive(Clone)]
 pub struct OutlierMetrics {
-    enforced_total: Counter<u64>,
-    overflow: Counter<u64>,
-    enforced_success_rate: Counter<u64>,
-    detected_success_rate: Counter<u64>,
-    enforced_failure_percentage: Counter<u64>,
-    detected_failure_percentage: Counter<u64>,
-    attributes: Arc<[KeyValue]>,
+    enforced: Counter<u64>,
+    unenforced: Counter<u64>,
+    target: Value,
+    backend_service: Option<Value>,
 }
 
 impl OutlierMetrics {
-    /// The six counters, made on `meter` with A91's names and unit (`{ejection}`).
+    /// The two counters, made on `meter` with A91's names and unit (`{ejection}`).
     pub fn new(meter: &Meter) -> OutlierMetrics {
         let counter = |name: &'static str, description: &'static str| {
             meter
@@ -77,71 +99,66 @@ impl OutlierMetrics {
                 .build()
         };
         OutlierMetrics {
-            enforced_total: counter(
-                EJECTIONS_ENFORCED_TOTAL,
-                "Total enforced ejections due to any outlier type",
+            enforced: counter(
+                EJECTIONS_ENFORCED,
+                "Enforced outlier ejections by ejection reason",
             ),
-            overflow: counter(
-                EJECTIONS_OVERFLOW,
-                "Number of ejections aborted due to max ejection percentage",
+            unenforced: counter(
+                EJECTIONS_UNENFORCED,
+                "Unenforced outlier ejections due to either max ejection percentage or enforcement_percentage",
             ),
-            enforced_success_rate: counter(
-                EJECTIONS_ENFORCED_SUCCESS_RATE,
-                "Enforced success rate outlier ejections",
-            ),
-            detected_success_rate: counter(
-                EJECTIONS_DETECTED_SUCCESS_RATE,
-                "Detected (even if unenforced) success rate outlier ejections",
-            ),
-            enforced_failure_percentage: counter(
-                EJECTIONS_ENFORCED_FAILURE_PERCENTAGE,
-                "Enforced failure percentage outlier ejections",
-            ),
-            detected_failure_percentage: counter(
-                EJECTIONS_DETECTED_FAILURE_PERCENTAGE,
-                "Detected (even if unenforced) failure percentage outlier ejections",
-            ),
-            attributes: Arc::from([]),
+            target: Value::from("other"),
+            backend_service: None,
         }
     }
 
     /// The `grpc.target` on every count: the channel's target as gRFC A66 defines it, such as
     /// `dns:///greeter.example.com:443`.
     pub fn target(mut self, target: impl Into<String>) -> OutlierMetrics {
-        self.attributes = Arc::from([KeyValue::new("grpc.target", target.into())]);
+        self.target = Value::from(Arc::<str>::from(target.into()));
         self
     }
 
-    pub(crate) fn ejected(&self, reason: EjectionReason) {
-        self.enforced_total.add(1, &self.attributes);
-        match reason {
-            EjectionReason::SuccessRate => self.enforced_success_rate.add(1, &self.attributes),
-            EjectionReason::FailurePercentage => {
-                self.enforced_failure_percentage.add(1, &self.attributes)
-            }
-            EjectionReason::ConsecutiveFailures => {}
-        }
+    /// The optional `grpc.lb.backend_service` on every count: the backend service the
+    /// balanced traffic goes to, as gRFC A89 defines it (an xDS cluster's name in gRPC).
+    pub fn backend_service(mut self, backend_service: impl Into<String>) -> OutlierMetrics {
+        self.backend_service = Some(Value::from(Arc::<str>::from(backend_service.into())));
+        self
     }
 
-    pub(crate) fn detected(&self, reason: EjectionReason) {
-        match reason {
-            EjectionReason::SuccessRate => self.detected_success_rate.add(1, &self.attributes),
-            EjectionReason::FailurePercentage => {
-                self.detected_failure_percentage.add(1, &self.attributes)
-            }
-            EjectionReason::ConsecutiveFailures => {}
-        }
+    /// A backend ejected as an outlier found by `method`.
+    pub(crate) fn ejected(&self, method: EjectionReason) {
+        self.enforced.add(1, &self.attributes(method, None));
     }
 
-    pub(crate) fn overflow(&self) {
-        self.overflow.add(1, &self.attributes);
+    /// An outlier found by `method` left in rotation, for the reason `why`.
+    pub(crate) fn unenforced(&self, method: EjectionReason, why: Unenforced) {
+        self.unenforced.add(1, &self.attributes(method, Some(why)));
+    }
+
+    /// The labels of one count, made per count: ejections are rare.
+    fn attributes(&self, method: EjectionReason, why: Option<Unenforced>) -> Vec<KeyValue> {
+        let mut attributes = Vec::with_capacity(4);
+        attributes.push(KeyValue::new("grpc.target", self.target.clone()));
+        if let Some(backend_service) = &self.backend_service {
+            attributes.push(KeyValue::new(
+                "grpc.lb.backend_service",
+                backend_service.clone(),
+            ));
+        }
+        attributes.push(KeyValue::new(DETECTION_METHOD, method.as_str()));
+        if let Some(why) = why {
+            attributes.push(KeyValue::new(UNENFORCED_REASON, why.as_str()));
+        }
+        attributes
     }
 }
 
 impl fmt::Debug for OutlierMetrics {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("OutlierMetrics")
-            .field("attributes", &self.attributes)
+            .field("target", &self.target)
+            .field("backend_service", &self.backend_service)
             .finish_non_exhaustive()
     }
 }

@@ -107,7 +107,7 @@
 //! times in a row), each return one at `INFO`; [`Balance::outliers`] and
 //! [`BalancedChannel::outliers`] give an [`Outliers`] view of who is out and how many
 //! ejections there were; with the `opentelemetry` feature, [`OutlierMetrics`] counts
-//! ejections with the names of gRFC A91.
+//! ejections, and outliers left in rotation, on gRFC A91's two counters.
 //!
 //! # Turning the record on
 //!
@@ -266,11 +266,7 @@ pub use detector::{Ejection, EjectionReason, Outliers};
 pub use future::{NoReadyEndpoint, ResponseFuture};
 #[cfg(feature = "opentelemetry")]
 #[cfg_attr(docsrs, doc(cfg(feature = "opentelemetry")))]
-pub use metrics::{
-    EJECTIONS_DETECTED_FAILURE_PERCENTAGE, EJECTIONS_DETECTED_SUCCESS_RATE,
-    EJECTIONS_ENFORCED_FAILURE_PERCENTAGE, EJECTIONS_ENFORCED_SUCCESS_RATE,
-    EJECTIONS_ENFORCED_TOTAL, EJECTIONS_OVERFLOW, OutlierMetrics,
-};
+pub use metrics::{EJECTIONS_ENFORCED, EJECTIONS_UNENFORCED, OutlierMetrics};
 pub use outlier::{
     DEFAULT_FAILURE_CODES, FailurePercentageEjection, OutlierDetection, OutlierDetectionBuilder,
     OutlierDetectionError, OutlierRule, SuccessRateEjection,

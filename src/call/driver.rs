@@ -122,7 +122,10 @@ where
     if let Some(counts) = state.engine.extra()
         && let Some(metrics) = state.shared.policies.metrics()
     {
-        metrics.record(&counts, &state.call.labels(state.route.as_ref()));
+        let labels = state
+            .call
+            .labels(state.route.as_ref(), metrics.records_custom_label());
+        metrics.record(&counts, &labels);
     }
 }
 

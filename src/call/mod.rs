@@ -295,9 +295,10 @@ impl<B: Replay> Call<B> {
         self.head.uri.path()
     }
 
-    /// The call's metric labels, for the route named `route` if it took one.
+    /// The call's metric labels, for the route named `route` if it took one; with gRFC
+    /// A108's custom label, read from the request's extensions, when `custom`.
     #[cfg(feature = "opentelemetry")]
-    pub(crate) fn labels(&self, route: Option<&Arc<str>>) -> crate::metrics::Labels {
+    pub(crate) fn labels(&self, route: Option<&Arc<str>>, custom: bool) -> crate::metrics::Labels {
         // The request's authority: its URI's, else its `Host` header.
         let authority = match self.head.uri.authority() {
             Some(authority) => Some(authority.as_str()),
@@ -307,7 +308,9 @@ impl<B: Replay> Call<B> {
                 .get(http::header::HOST)
                 .and_then(|host| host.to_str().ok()),
         };
-        crate::metrics::Labels::of(self.path(), self.grpc, authority, route)
+        // The copy of the extensions every attempt is made from: nothing kept for the label.
+        let extensions = custom.then_some(&self.head.extensions);
+        crate::metrics::Labels::of(self.path(), self.grpc, authority, route, extensions)
     }
 
     /// After commit, the reader id of the attempt that goes on.

@@ -103,7 +103,7 @@
 //! the success path costs a comparison. The retry delay is recorded for every call of more
 //! than one attempt.
 //!
-//! Each value carries gRFC A66's attributes:
+//! Each value carries gRFC A66's attributes, and A108's when asked for:
 //!
 //! - `grpc.method`: `package.Service/Method` (no leading `/`) for a gRPC call (content type
 //!   `application/grpc`) whose path names a method; the route's [name](crate::policy::Route::name)
@@ -111,7 +111,11 @@
 //!   never become labels (A66 records unregistered methods as `other` for the same reason);
 //! - `grpc.target`: the target given to [`RetryMetrics::target`], else the request's authority
 //!   (its URI's, else its `Host` header), else `other`. tonic's generated clients send
-//!   path-only URIs unless built `with_origin`, so a tonic client should name its target.
+//!   path-only URIs unless built `with_origin`, so a tonic client should name its target;
+//! - `grpc.client.call.custom` (gRFC A108), only with [`RetryMetrics::custom_label`]`(true)`:
+//!   the value of the request's [`CustomLabel`] extension, or the empty string for a request
+//!   without one. It goes on the crate's `tower_retry_hedge.hedges_over_budget` counter too,
+//!   as A108 encourages for other per-call instruments.
 //!
 //! The boundaries are given to the SDK as advice (`with_boundaries`); a view may override
 //! them.
@@ -167,8 +171,8 @@
 #[cfg(feature = "opentelemetry")]
 #[cfg_attr(docsrs, doc(cfg(feature = "opentelemetry")))]
 pub use crate::metrics::{
-    HEDGES, HEDGES_OVER_BUDGET, RETRIES, RETRY_BUCKETS, RETRY_DELAY, RETRY_DELAY_BUCKETS,
-    RetryMetrics, TRANSPARENT_RETRIES, TRANSPARENT_RETRY_BUCKETS,
+    CUSTOM_LABEL_KEY, CustomLabel, HEDGES, HEDGES_OVER_BUDGET, RETRIES, RETRY_BUCKETS, RETRY_DELAY,
+    RETRY_DELAY_BUCKETS, RetryMetrics, TRANSPARENT_RETRIES, TRANSPARENT_RETRY_BUCKETS,
 };
 
 use tracing::Span;

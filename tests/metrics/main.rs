@@ -1,11 +1,14 @@
 //! gRFC A96's retry metrics, read back from the OpenTelemetry SDK's in-memory exporter: mock
 //! services on tokio's paused clock for the counts and the delay, and the real tonic peer of
-//! `tests/common` for a generated client's labels.
+//! `tests/common` for a generated client's labels; gRFC A108's custom label on them; the
+//! balancer's gRFC A91 outlier-detection counters in `outliers.rs`.
 
 #[path = "../common/mod.rs"]
 mod common;
+#[cfg(feature = "balance")]
+mod outliers;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -15,7 +18,9 @@ use common::{Action, Script, spawn_grpc};
 use http::{Request, Response};
 use http_body_util::Full;
 use opentelemetry::metrics::{Meter, MeterProvider as _};
-use opentelemetry_sdk::metrics::data::{AggregatedMetrics, HistogramDataPoint, MetricData};
+use opentelemetry_sdk::metrics::data::{
+    AggregatedMetrics, HistogramDataPoint, MetricData, ResourceMetrics,
+};
 use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMeterProvider};
 use tower::{Layer, ServiceBuilder, ServiceExt};
 use tower_retry_hedge::backoff::{Exponential, Jitter};
@@ -23,8 +28,8 @@ use tower_retry_hedge::classify::{Code, GrpcCodes, HttpStatuses};
 use tower_retry_hedge::policy::RetryPolicyBuilder;
 use tower_retry_hedge::policy::Route;
 use tower_retry_hedge::telemetry::{
-    HEDGES, RETRIES, RETRY_BUCKETS, RETRY_DELAY, RETRY_DELAY_BUCKETS, RetryMetrics,
-    TRANSPARENT_RETRIES, TRANSPARENT_RETRY_BUCKETS,
+    CUSTOM_LABEL_KEY, CustomLabel, HEDGES, RETRIES, RETRY_BUCKETS, RETRY_DELAY,
+    RETRY_DELAY_BUCKETS, RetryMetrics, TRANSPARENT_RETRIES, TRANSPARENT_RETRY_BUCKETS,
 };
 use tower_retry_hedge::{BoxError, HedgeLayer, HedgePolicy, Policies, RetryLayer, RetryPolicy};
 use tower_test::mock;
@@ -96,11 +101,53 @@ impl Recorded {
             .build()
     }
 
-    /// The data points of histogram `name` now (cumulative since the start).
-    fn points(&self, name: &str) -> Vec<Point> {
+    /// What the meter holds now (cumulative since the start).
+    fn exported(&self) -> Vec<ResourceMetrics> {
         self.exporter.reset();
         self.provider.force_flush().expect("flush the metrics");
-        let exported = self.exporter.get_finished_metrics().expect("read metrics");
+        self.exporter.get_finished_metrics().expect("read metrics")
+    }
+
+    /// The names of the instruments that recorded something.
+    // The balancer's counters are read in `outliers.rs`, built with the `balance` feature.
+    #[cfg_attr(not(feature = "balance"), allow(dead_code))]
+    fn names(&self) -> BTreeSet<String> {
+        let mut names = BTreeSet::new();
+        for resource in &self.exported() {
+            for scope in resource.scope_metrics() {
+                names.extend(scope.metrics().map(|m| m.name().to_owned()));
+            }
+        }
+        names
+    }
+
+    /// The data points of `u64` counter `name` now: each one's labels and count.
+    #[cfg_attr(not(feature = "balance"), allow(dead_code))]
+    fn counts(&self, name: &str) -> Vec<(BTreeMap<String, String>, u64)> {
+        let mut counts = Vec::new();
+        for resource in &self.exported() {
+            for scope in resource.scope_metrics() {
+                for metric in scope.metrics().filter(|m| m.name() == name) {
+                    let AggregatedMetrics::U64(MetricData::Sum(sum)) = metric.data() else {
+                        panic!("{name} is not a u64 counter: {:?}", metric.data());
+                    };
+                    counts.extend(sum.data_points().map(|p| {
+                        let labels = p
+                            .attributes()
+                            .map(|kv| (kv.key.to_string(), kv.value.to_string()))
+                            .collect();
+                        (labels, p.value())
+                    }));
+                }
+            }
+        }
+        counts.sort();
+        counts
+    }
+
+    /// The data points of histogram `name` now (cumulative since the start).
+    fn points(&self, name: &str) -> Vec<Point> {
+        let exported = self.exported();
         let mut points = Vec::new();
         for resource in &exported {
             for scope in resource.scope_metrics() {
@@ -384,6 +431,65 @@ async fn a_call_dropped_while_it_waits_records_what_it_did() {
     assert_eq!(recorded.point(RETRIES).sum, 1.0);
     // Only the first backoff ended in a send; the wait cut short is not a retry delay.
     assert!((recorded.point(RETRY_DELAY).sum - 0.1).abs() < 1e-9);
+}
+
+/// A retried call carrying `label`, if any, through `policies`.
+async fn retried_call(policies: &Policies, label: Option<CustomLabel>) {
+    let mut request = grpc_request();
+    if let Some(label) = label {
+        request.extensions_mut().insert(label);
+    }
+    let (call, mut handle) = start(policies, request);
+    answer(&mut handle, trailers_only(Code::Unavailable, None)).await;
+    answer(&mut handle, grpc_ok()).await;
+    call.await.unwrap().unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_the_custom_label_on_each_value_is_a_series_of_its_own() {
+    let recorded = Recorded::new();
+    let policies = Policies::builder()
+        .method(METHOD, retry_policy())
+        .metrics(RetryMetrics::new(&recorded.meter()).custom_label(true))
+        .build();
+    retried_call(&policies, Some(CustomLabel::from_static("checkout"))).await;
+    retried_call(&policies, Some(CustomLabel::new(String::from("search")))).await;
+    retried_call(&policies, Some(CustomLabel::from_static("checkout"))).await;
+    retried_call(&policies, None).await;
+
+    for name in [RETRIES, RETRY_DELAY] {
+        let mut points = recorded.points(name);
+        points.sort_by(|a, b| a.label(CUSTOM_LABEL_KEY).cmp(b.label(CUSTOM_LABEL_KEY)));
+        let series: Vec<_> = points
+            .iter()
+            .map(|p| (p.labels[CUSTOM_LABEL_KEY].as_str(), p.count))
+            .collect();
+        // A108: a call without the extension is recorded under the empty string.
+        assert_eq!(
+            series,
+            [("", 1), ("checkout", 2), ("search", 1)],
+            "{name}: {points:#?}"
+        );
+        for point in &points {
+            let mut others = point.labels.clone();
+            others.remove(CUSTOM_LABEL_KEY);
+            assert_eq!(others, grpc_labels(), "{name}");
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_the_custom_label_off_the_extension_is_ignored() {
+    let recorded = Recorded::new();
+    // `Policies::builder().metrics(&meter)` and `RetryMetrics::new` leave it off.
+    let policies = recorded.retry_policies();
+    retried_call(&policies, Some(CustomLabel::from_static("checkout"))).await;
+    retried_call(&policies, None).await;
+
+    let retries = recorded.point(RETRIES);
+    assert_eq!(retries.count, 2);
+    assert_eq!(retries.labels, grpc_labels());
+    assert_eq!(recorded.point(RETRY_DELAY).labels, grpc_labels());
 }
 
 /// A generated tonic client over the real peer: a client built `with_origin` sends the
