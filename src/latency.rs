@@ -6,9 +6,11 @@
 //! back to a fixed delay until it has seen enough samples.
 //!
 //! Samples land in a log-scaled histogram (8 buckets per power of two, so a reported value is
-//! within 9 % of the true one) kept in 10 time slots that rotate through the window: memory
-//! is fixed (about 9 KiB) whatever the call rate, and old samples age out a slot at a time.
-//! The percentile is recomputed at most once per slot, so a call pays for a lock and a read.
+//! within 9 % of the true one) kept in 10 time slots that rotate through the window, and old
+//! samples age out a slot at a time. Each core records into a window of its own (about 9 KiB
+//! each, for up to 16 cores, whatever the call rate), so calls on different cores write
+//! nothing they share. The percentile is taken over every core's window at most once per
+//! slot, by one caller; every other call reads it from two atomics.
 //!
 //! Time is `tokio::time::Instant`, so behaviour can be tested on tokio's paused clock.
 //!
@@ -39,12 +41,13 @@
 //! ```
 
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, TryLockError};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::window::Slots;
+use crate::window::ShardedSlots;
 
 const SLOTS: usize = 10;
 const SUB_BUCKETS: u32 = 8;
@@ -105,11 +108,35 @@ impl Default for Histogram {
     }
 }
 
+/// The samples, per core, and the percentile last taken from them.
 #[derive(Debug)]
 struct Window {
-    slots: Slots<Histogram, SLOTS>,
-    cached: Option<Duration>,
-    cache_valid_until: Instant,
+    samples: ShardedSlots<Histogram, SLOTS>,
+    /// The delay last computed, in nanoseconds plus one; 0 before the first.
+    cached: AtomicU64,
+    /// Until when the cached delay stands, in nanoseconds since `epoch`.
+    valid_until: AtomicU64,
+    epoch: Instant,
+    /// Held by the one caller that takes the percentile again.
+    refresh: Mutex<()>,
+}
+
+impl Window {
+    fn since_epoch(&self, now: Instant) -> u64 {
+        nanos(now.saturating_duration_since(self.epoch))
+    }
+
+    fn cached(&self) -> Option<Duration> {
+        match self.cached.load(Ordering::Acquire) {
+            0 => None,
+            plus_one => Some(Duration::from_nanos(plus_one - 1)),
+        }
+    }
+}
+
+/// `duration` in nanoseconds, saturating (at 584 years).
+fn nanos(duration: Duration) -> u64 {
+    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// A hedging delay that follows a latency percentile: see [the module docs](self).
@@ -117,7 +144,7 @@ struct Window {
 /// Cheap to clone; clones share the window.
 #[derive(Clone)]
 pub struct AdaptiveDelay {
-    window: Arc<Mutex<Window>>,
+    window: Arc<Window>,
     percentile: f64,
     slot_len: Duration,
     min: Duration,
@@ -153,55 +180,69 @@ impl AdaptiveDelay {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Window> {
-        // The window holds plain counters: a panic elsewhere cannot leave it inconsistent.
-        self.window.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// Records the latency of a successful attempt.
     pub fn record(&self, latency: Duration) {
-        let now = Instant::now();
-        let mut window = self.lock();
-        let slot = window.slots.current(now);
         let bucket = bucket_of(latency);
-        slot.counts[bucket] = slot.counts[bucket].saturating_add(1);
-        slot.total = slot.total.saturating_add(1);
+        self.window.samples.count(Instant::now(), |slot| {
+            slot.counts[bucket] = slot.counts[bucket].saturating_add(1);
+            slot.total = slot.total.saturating_add(1);
+        });
     }
 
     /// The delay to use now.
     pub fn current(&self) -> Duration {
+        let window = &*self.window;
         let now = Instant::now();
-        let mut window = self.lock();
-        if now < window.cache_valid_until
-            && let Some(cached) = window.cached
+        let since = window.since_epoch(now);
+        if let Some(cached) = window.cached()
+            && since < window.valid_until.load(Ordering::Acquire)
         {
             return cached;
         }
-        window.slots.current(now);
-        let total: u64 = window.slots.iter().map(|s| u64::from(s.total)).sum();
-        let value = if total < u64::from(self.min_samples) {
-            self.fallback
-        } else {
-            // The smallest bucket at which the cumulative count reaches the percentile.
-            let rank = ((self.percentile * total as f64).ceil() as u64).clamp(1, total);
-            let mut seen = 0u64;
-            let mut found = BUCKETS - 1;
-            for bucket in 0..BUCKETS {
-                seen += window
-                    .slots
-                    .iter()
-                    .map(|s| u64::from(s.counts[bucket]))
-                    .sum::<u64>();
-                if seen >= rank {
-                    found = bucket;
-                    break;
-                }
-            }
-            Duration::from_micros(bucket_upper(found)).clamp(self.min, self.max)
+        let _refresh = match window.refresh.try_lock() {
+            Ok(guard) => guard,
+            // Nothing the lock guards can be left half done.
+            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            // Another caller takes the percentile now; the value it replaces is a slot old.
+            Err(TryLockError::WouldBlock) => return window.cached().unwrap_or(self.fallback),
         };
-        window.cached = Some(value);
-        window.cache_valid_until = now + self.slot_len;
+        let value = self.percentile_now(now);
+        window
+            .cached
+            .store(nanos(value).saturating_add(1), Ordering::Release);
+        let slot = nanos(self.slot_len);
+        window
+            .valid_until
+            .store(since.saturating_add(slot), Ordering::Release);
         value
+    }
+
+    /// The percentile of every core's samples in the window as of `now`, clamped; the
+    /// fallback while there are too few.
+    fn percentile_now(&self, now: Instant) -> Duration {
+        let (counts, total) =
+            self.window
+                .samples
+                .fold(now, ([0u64; BUCKETS], 0u64), |(mut counts, total), slot| {
+                    for (sum, count) in counts.iter_mut().zip(slot.counts) {
+                        *sum += u64::from(count);
+                    }
+                    (counts, total + u64::from(slot.total))
+                });
+        if total < u64::from(self.min_samples) {
+            return self.fallback;
+        }
+        // The smallest bucket at which the cumulative count reaches the percentile.
+        let rank = ((self.percentile * total as f64).ceil() as u64).clamp(1, total);
+        let mut seen = 0u64;
+        let found = counts
+            .iter()
+            .position(|&count| {
+                seen += count;
+                seen >= rank
+            })
+            .unwrap_or(BUCKETS - 1);
+        Duration::from_micros(bucket_upper(found)).clamp(self.min, self.max)
     }
 }
 
@@ -261,11 +302,13 @@ impl AdaptiveDelayBuilder {
         }
         let now = Instant::now();
         Ok(AdaptiveDelay {
-            window: Arc::new(Mutex::new(Window {
-                slots: Slots::new(self.window, now),
-                cached: None,
-                cache_valid_until: now,
-            })),
+            window: Arc::new(Window {
+                samples: ShardedSlots::new(self.window, now),
+                cached: AtomicU64::new(0),
+                valid_until: AtomicU64::new(0),
+                epoch: now,
+                refresh: Mutex::new(()),
+            }),
             percentile: self.percentile,
             slot_len: self.window / SLOTS as u32,
             min: self.min,
@@ -342,6 +385,36 @@ mod tests {
         delay.record(Duration::from_millis(500));
         tokio::time::advance(Duration::from_secs(1)).await;
         assert_eq!(delay.current(), Duration::from_millis(20));
+    }
+
+    #[test]
+    fn samples_recorded_on_many_threads_all_count() {
+        // Four threads record 900 fast samples (1 ms) and 100 slow ones (50 ms) each, into
+        // the windows of their cores: the p90 is the fast bucket and the p95 the slow one,
+        // which holds only if all 4 000 samples are summed.
+        let build = |percentile| {
+            AdaptiveDelay::builder()
+                .percentile(percentile)
+                .min_samples(4_000)
+                .bounds(Duration::ZERO, Duration::from_secs(1))
+                .build()
+                .unwrap()
+        };
+        let (p90, p95) = (build(0.9), build(0.95));
+        std::thread::scope(|scope| {
+            for _ in 0..4 {
+                scope.spawn(|| {
+                    for i in 0..1_000 {
+                        let latency = Duration::from_millis(if i % 10 == 9 { 50 } else { 1 });
+                        p90.record(latency);
+                        p95.record(latency);
+                    }
+                });
+            }
+        });
+        let fast = Duration::from_micros(bucket_upper(bucket_of(Duration::from_millis(1))));
+        let slow = Duration::from_micros(bucket_upper(bucket_of(Duration::from_millis(50))));
+        assert_eq!((p90.current(), p95.current()), (fast, slow));
     }
 
     #[test]

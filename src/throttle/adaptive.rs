@@ -11,7 +11,7 @@ use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 
 use super::{AuthorityThrottle, RetryThrottle, ThrottleState};
-use crate::window::Slots;
+use crate::window::ShardedSlots;
 
 const SLOTS: usize = 10;
 
@@ -42,9 +42,11 @@ struct Counts {
     accepts: u64,
 }
 
+/// The answers, counted per core (a success writes nothing other cores write), and the
+/// generator of the rejections, drawn from only while some are rejected.
 struct State {
-    window: Slots<Counts, SLOTS>,
-    rng: SmallRng,
+    window: ShardedSlots<Counts, SLOTS>,
+    rng: Mutex<SmallRng>,
 }
 
 /// Adaptive throttling: a retry (or hedge) is rejected with probability
@@ -104,7 +106,7 @@ struct State {
 /// ```
 #[derive(Clone)]
 pub struct AdaptiveThrottle {
-    state: Arc<Mutex<State>>,
+    state: Arc<State>,
     window: Duration,
     k: f64,
 }
@@ -143,10 +145,10 @@ impl AdaptiveThrottle {
 
     fn with_rng(window: Duration, k: f64, rng: SmallRng) -> AdaptiveThrottle {
         AdaptiveThrottle {
-            state: Arc::new(Mutex::new(State {
-                window: Slots::new(window, Instant::now()),
-                rng,
-            })),
+            state: Arc::new(State {
+                window: ShardedSlots::new(window, Instant::now()),
+                rng: Mutex::new(rng),
+            }),
             window,
             k,
         }
@@ -172,9 +174,12 @@ impl AdaptiveThrottle {
         self.k
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
-        // Plain counters and a generator: a panic elsewhere cannot leave them inconsistent.
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    fn rng(&self) -> MutexGuard<'_, SmallRng> {
+        // A panic elsewhere cannot leave a generator half drawn.
+        self.state
+            .rng
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Answers counted in the window now.
@@ -188,9 +193,12 @@ impl AdaptiveThrottle {
     }
 
     fn counts(&self) -> Counts {
-        let mut state = self.lock();
-        state.window.current(Instant::now());
-        total(&state.window)
+        self.state
+            .window
+            .fold(Instant::now(), Counts::default(), |sum, slot| Counts {
+                requests: sum.requests.saturating_add(slot.requests),
+                accepts: sum.accepts.saturating_add(slot.accepts),
+            })
     }
 
     /// The probability that a retry asked for now is rejected:
@@ -200,20 +208,13 @@ impl AdaptiveThrottle {
     }
 
     fn record(&self, accepted: bool) {
-        let mut state = self.lock();
-        let slot = state.window.current(Instant::now());
-        slot.requests = slot.requests.saturating_add(1);
-        if accepted {
-            slot.accepts = slot.accepts.saturating_add(1);
-        }
+        self.state.window.count(Instant::now(), |slot| {
+            slot.requests = slot.requests.saturating_add(1);
+            if accepted {
+                slot.accepts = slot.accepts.saturating_add(1);
+            }
+        });
     }
-}
-
-fn total(window: &Slots<Counts, SLOTS>) -> Counts {
-    window.iter().fold(Counts::default(), |sum, slot| Counts {
-        requests: sum.requests.saturating_add(slot.requests),
-        accepts: sum.accepts.saturating_add(slot.accepts),
-    })
 }
 
 fn probability(counts: Counts, k: f64) -> f64 {
@@ -259,11 +260,9 @@ impl RetryThrottle for AdaptiveThrottle {
     }
 
     fn allows_retry(&self) -> bool {
-        let mut state = self.lock();
-        state.window.current(Instant::now());
-        let rejected = probability(total(&state.window), self.k);
+        let rejected = probability(self.counts(), self.k);
         // No draw while nothing is rejected: the healthy path takes no random number.
-        rejected == 0.0 || state.rng.random::<f64>() >= rejected
+        rejected == 0.0 || self.rng().random::<f64>() >= rejected
     }
 
     fn state(&self) -> ThrottleState {
@@ -279,7 +278,7 @@ impl RetryThrottle for AdaptiveThrottle {
 impl AuthorityThrottle for AdaptiveThrottle {
     fn fresh(&self) -> Self {
         // Seeded from this one's generator, so that a seeded registry stays repeatable.
-        let seed = self.lock().rng.random::<u64>();
+        let seed = self.rng().random::<u64>();
         AdaptiveThrottle::with_rng(self.window, self.k, SmallRng::seed_from_u64(seed))
     }
 }
@@ -304,6 +303,22 @@ mod tests {
         for _ in 0..fatal {
             throttle.on_fatal();
         }
+    }
+
+    #[test]
+    fn answers_counted_on_many_threads_add_up_exactly() {
+        // Each of four threads counts 1 000 successes, 500 failures and 250 fatal answers,
+        // into the shard of its core; the window sees every one.
+        let throttle = throttle();
+        std::thread::scope(|scope| {
+            for _ in 0..4 {
+                scope.spawn(|| answers(&throttle, 500, 1_000, 250));
+            }
+        });
+        assert_eq!(throttle.requests(), 4 * 1_750);
+        assert_eq!(throttle.accepts(), 4 * 1_250);
+        // (7 000 − 2 × 5 000) / 7 001 < 0: nothing is rejected.
+        assert_eq!(throttle.rejection_probability(), 0.0);
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{AuthorityThrottle, RetryThrottle, ThrottleState};
-use crate::window::Slots;
+use crate::window::{ShardedSlots, Slots};
 
 const SLOTS: usize = 10;
 
@@ -22,13 +22,6 @@ impl fmt::Display for BudgetError {
 }
 
 impl std::error::Error for BudgetError {}
-
-/// Calls and retries in one slot of the window.
-#[derive(Debug, Default, Clone, Copy)]
-struct Counts {
-    calls: u64,
-    retries: u64,
-}
 
 /// A retry budget (Finagle, Linkerd, tower's `TpsBudget`): over a sliding window, retries may
 /// be at most `ratio × calls`, plus `min_per_second` retries per second so that a client with
@@ -63,12 +56,33 @@ struct Counts {
 /// # Ok(())
 /// # }
 /// ```
+///
+/// Every call counts into a window kept per core, so calls on different cores write nothing
+/// they share; a retry sums those windows, and retries themselves count in one window under
+/// one lock, so that retries never exceed what the budget allows however many ask at once.
 #[derive(Clone)]
 pub struct RetryBudget {
-    window: Arc<Mutex<Slots<Counts, SLOTS>>>,
+    window: Arc<Window>,
     ttl: Duration,
     min_per_second: u32,
     ratio: f64,
+}
+
+/// Calls per shard; retries in one window, whose lock is taken by every withdrawal.
+#[derive(Debug)]
+struct Window {
+    calls: ShardedSlots<u64, SLOTS>,
+    retries: Mutex<Slots<u64, SLOTS>>,
+}
+
+impl Window {
+    fn new(ttl: Duration) -> Arc<Window> {
+        let now = Instant::now();
+        Arc::new(Window {
+            calls: ShardedSlots::new(ttl, now),
+            retries: Mutex::new(Slots::new(ttl, now)),
+        })
+    }
 }
 
 impl fmt::Debug for RetryBudget {
@@ -92,36 +106,44 @@ impl RetryBudget {
             return Err(BudgetError("ratio: must be a finite number in [0, 1000]"));
         }
         Ok(RetryBudget {
-            window: Arc::new(Mutex::new(Slots::new(ttl, Instant::now()))),
+            window: Window::new(ttl),
             ttl,
             min_per_second,
             ratio,
         })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Slots<Counts, SLOTS>> {
+    /// The retries' window, locked: a withdrawal holds it from its check to its count.
+    fn retries(&self) -> std::sync::MutexGuard<'_, Slots<u64, SLOTS>> {
         // Plain counters: a panic elsewhere cannot leave them inconsistent.
-        self.window.lock().unwrap_or_else(PoisonError::into_inner)
+        self.window
+            .retries
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Retries still allowed now (rounded down).
     pub fn remaining(&self) -> u64 {
-        let mut window = self.lock();
-        window.current(Instant::now());
-        self.available(&window)
+        let now = Instant::now();
+        let mut retries = self.retries();
+        retries.current(now);
+        self.available(&retries, now)
     }
 
     /// Gives back a retry that [`allows_retry`](RetryThrottle::allows_retry) let through
     /// and that was not sent after all.
     pub(crate) fn give_back(&self) {
-        let mut window = self.lock();
-        let current = window.current(Instant::now());
-        current.retries = current.retries.saturating_sub(1);
+        let mut retries = self.retries();
+        let current = retries.current(Instant::now());
+        *current = current.saturating_sub(1);
     }
 
-    fn available(&self, window: &Slots<Counts, SLOTS>) -> u64 {
-        let calls: u64 = window.iter().map(|c| c.calls).sum();
-        let retries: u64 = window.iter().map(|c| c.retries).sum();
+    /// What the window allows beyond the retries in `retries` (current as of `now`). A call
+    /// counted while the shards are summed may be missed: the budget errs on the side of
+    /// fewer retries.
+    fn available(&self, retries: &Slots<u64, SLOTS>, now: Instant) -> u64 {
+        let calls = self.window.calls.fold(now, 0u64, |sum, calls| sum + calls);
+        let retries: u64 = retries.iter().sum();
         let floor = u64::from(self.min_per_second).saturating_mul(self.ttl.as_secs());
         let allowed = (calls as f64 * self.ratio) as u64 + floor;
         allowed.saturating_sub(retries)
@@ -130,9 +152,10 @@ impl RetryBudget {
 
 impl RetryThrottle for RetryBudget {
     fn on_call(&self) {
-        let mut window = self.lock();
-        let current = window.current(Instant::now());
-        current.calls = current.calls.saturating_add(1);
+        let now = Instant::now();
+        self.window
+            .calls
+            .count(now, |calls| *calls = calls.saturating_add(1));
     }
 
     fn on_success(&self) {}
@@ -140,13 +163,14 @@ impl RetryThrottle for RetryBudget {
     fn on_failure(&self) {}
 
     fn allows_retry(&self) -> bool {
-        let mut window = self.lock();
-        window.current(Instant::now());
-        if self.available(&window) == 0 {
+        let now = Instant::now();
+        let mut retries = self.retries();
+        retries.current(now);
+        if self.available(&retries, now) == 0 {
             return false;
         }
-        let current = window.current(Instant::now());
-        current.retries = current.retries.saturating_add(1);
+        let current = retries.current(now);
+        *current = current.saturating_add(1);
         true
     }
 
@@ -160,7 +184,7 @@ impl RetryThrottle for RetryBudget {
 impl AuthorityThrottle for RetryBudget {
     fn fresh(&self) -> Self {
         RetryBudget {
-            window: Arc::new(Mutex::new(Slots::new(self.ttl, Instant::now()))),
+            window: Window::new(self.ttl),
             ttl: self.ttl,
             min_per_second: self.min_per_second,
             ratio: self.ratio,
@@ -217,6 +241,36 @@ mod tests {
             err.to_string(),
             "ratio: must be a finite number in [0, 1000]"
         );
+    }
+
+    #[test]
+    fn concurrent_calls_and_retries_never_exceed_the_budget() {
+        // Four threads each count 1 000 calls and ask for 200 retries, interleaved; at 10 %
+        // with no floor, no more than 400 are allowed, and once every call is in, exactly
+        // 400 in all.
+        let budget = RetryBudget::new(Duration::from_secs(60), 0, 0.1).unwrap();
+        let granted = std::sync::atomic::AtomicU64::new(0);
+        std::thread::scope(|scope| {
+            for _ in 0..4 {
+                scope.spawn(|| {
+                    for i in 0..1_000 {
+                        budget.on_call();
+                        if i % 5 == 4 && budget.allows_retry() {
+                            granted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        }
+                    }
+                });
+            }
+        });
+        let granted = granted.into_inner();
+        assert!(granted <= 400, "{granted} retries for 4 000 calls at 10 %");
+        // What was refused while calls were still coming in is allowed now.
+        let mut more = 0;
+        while budget.allows_retry() {
+            more += 1;
+        }
+        assert_eq!(granted + more, 400);
+        assert_eq!(budget.remaining(), 0);
     }
 
     #[tokio::test(start_paused = true)]
