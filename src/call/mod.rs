@@ -3,6 +3,7 @@
 
 mod driver;
 mod future;
+mod handles;
 mod marks;
 
 use std::sync::{Arc, Mutex};
@@ -13,6 +14,7 @@ use tokio::time::Instant;
 use tower_service::Service;
 
 pub(crate) use self::future::CallFuture;
+pub(crate) use self::handles::Handles;
 use crate::body::{BufferLimits, Copies, Replay};
 use crate::engine::{
     self, BodyKind, CallFacts, CommitBody, Engine, Mode, Plan, Send, Start, TableFacts,
@@ -66,10 +68,11 @@ pub(crate) fn sending<R>(send: impl FnOnce() -> R) -> R {
 }
 
 /// A layer's `call`: finds the request's policy, and drives the call as the engine's
-/// [`plan`](crate::engine::plan) says, or passes it through.
+/// [`plan`](crate::engine::plan) says, or passes it through. `handles` are the service
+/// clone's own (see [`Handles`]).
 pub(crate) fn call<S, B>(
     inner: &mut S,
-    slot: &mut Option<Arc<Shared<S>>>,
+    handles: &mut Handles<S>,
     policies: &Policies,
     request: Request<B>,
 ) -> CallFuture<S, B>
@@ -105,15 +108,18 @@ where
             .map(|deadline| deadline.at().into_std()),
     };
     let read = || Instant::now().into_std();
-    let plan = engine::plan(matched.map(|m| m.policy), &table, &facts, &read);
+    let policy = matched.map(|m| handles.policy(m.policy));
+    let plan = engine::plan(policy, &table, &facts, &read);
     let Plan::Drive(mut start) = plan else {
         return CallFuture::passthrough(inner.call(request));
     };
-    start.rules.throttle = if start.has_policy {
-        policies.begin_call(&request)
-    } else {
-        policies.throttle_for(&request)
-    };
+    start.rules.throttle = handles.throttle(policies, &request);
+    if start.has_policy
+        && let Some(throttle) = &start.rules.throttle
+    {
+        // A budget's deposit: calls without a policy make no retries to pay for.
+        throttle.on_call();
+    }
     let route = matched.and_then(|m| m.route.cloned());
     // Named for what the call does, whichever layer drives it.
     let span = match start.rules.mode {
@@ -130,7 +136,7 @@ where
     };
     // The ready service takes the first attempt and stays in the layer, warm for the next
     // call; the call holds the shared spare and clones it only to send another attempt.
-    let shared = Shared::get_or_make(slot, inner, policies);
+    let shared = Shared::get_or_make(&mut handles.shared, inner, policies);
     drive(inner, shared, request, start, route, span)
 }
 

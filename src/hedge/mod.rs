@@ -93,7 +93,6 @@
 
 mod layer;
 
-use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use http::{Request, Response};
@@ -102,7 +101,7 @@ use tower_service::Service;
 pub use self::layer::HedgeLayer;
 use crate::BoxError;
 use crate::body::Replay;
-use crate::call::Shared;
+use crate::call::Handles;
 use crate::policy::Policies;
 pub use crate::retry::ResponseFuture;
 
@@ -111,9 +110,10 @@ pub use crate::retry::ResponseFuture;
 #[derive(Debug, Clone)]
 pub struct Hedge<S> {
     inner: S,
-    // Made at the first hedged call: a spare clone of `inner`, which calls clone again only
-    // when they send a hedge, and the table, behind the one reference a call holds.
-    shared: Option<Arc<Shared<S>>>,
+    // This clone's own, made at its first hedged call (a clone starts with none): a spare
+    // clone of `inner`, which calls clone again only when they send a hedge, and the
+    // references its calls take, on handles no other clone writes.
+    handles: Handles<S>,
     policies: Policies,
 }
 
@@ -122,7 +122,7 @@ impl<S> Hedge<S> {
     pub fn new(inner: S, policies: Policies) -> Hedge<S> {
         Hedge {
             inner,
-            shared: None,
+            handles: Handles::default(),
             policies,
         }
     }
@@ -166,7 +166,7 @@ where
     fn call(&mut self, request: Request<B>) -> Self::Future {
         ResponseFuture::new(crate::call::call(
             &mut self.inner,
-            &mut self.shared,
+            &mut self.handles,
             &self.policies,
             request,
         ))

@@ -216,14 +216,12 @@ impl Policies {
         })
     }
 
-    /// Counts a call that has a policy against its throttle (a budget deposits), and gives
-    /// the throttle it counts against.
-    pub(crate) fn begin_call<B>(&self, request: &Request<B>) -> Option<ThrottleHandle> {
-        let throttle = self.throttle_for(request);
-        if let Some(throttle) = &throttle {
-            throttle.on_call();
+    /// The throttle every call shares, if the table has one (not one per authority).
+    pub(crate) fn shared_throttle(&self) -> Option<&ThrottleHandle> {
+        match &self.0.throttle {
+            ThrottleChoice::Shared(throttle) => Some(throttle),
+            ThrottleChoice::None | ThrottleChoice::PerAuthority(_) => None,
         }
-        throttle
     }
 
     /// The throttle for a request: the shared one, or the one of its authority.

@@ -169,7 +169,7 @@ pub use self::future::ResponseFuture;
 pub use self::layer::RetryLayer;
 use crate::BoxError;
 use crate::body::Replay;
-use crate::call::Shared;
+use crate::call::Handles;
 use crate::policy::Policies;
 
 /// Retries requests by their method's [`RetryPolicy`](crate::RetryPolicy): see
@@ -177,10 +177,11 @@ use crate::policy::Policies;
 #[derive(Debug, Clone)]
 pub struct Retry<S> {
     inner: S,
-    // Made at the first call that needs it: a spare clone of `inner`, which calls clone
-    // again only when they retry (a clone per call costs real services, a tonic `Channel`,
-    // an allocation), and the table, behind one reference count per call.
-    shared: Option<std::sync::Arc<Shared<S>>>,
+    // This clone's own, made at its first call that needs them (a clone starts with none):
+    // a spare clone of `inner`, which calls clone again only when they retry (a clone per
+    // call costs real services, a tonic `Channel`, an allocation), and the references its
+    // calls take, on handles no other clone writes.
+    handles: Handles<S>,
     policies: Policies,
 }
 
@@ -189,7 +190,7 @@ impl<S> Retry<S> {
     pub fn new(inner: S, policies: Policies) -> Retry<S> {
         Retry {
             inner,
-            shared: None,
+            handles: Handles::default(),
             policies,
         }
     }
@@ -233,7 +234,7 @@ where
     fn call(&mut self, request: Request<B>) -> Self::Future {
         ResponseFuture::new(crate::call::call(
             &mut self.inner,
-            &mut self.shared,
+            &mut self.handles,
             &self.policies,
             request,
         ))

@@ -1,0 +1,201 @@
+//! What one clone of a layer's service owns: the state its calls share and its own
+//! references to the table's policies and throttle.
+//!
+//! A call keeps its policy and its throttle for as long as it runs, so it takes a reference
+//! on each. Taken on the table's own `Arc`s, those counts would be written by every call on
+//! every core: one cache line that all cores fight over, on every healthy call. Each clone
+//! of the service takes them on copies of its own instead, made at its first call that needs
+//! them; a clone of the service starts with none, so services cloned per task or per core
+//! share nothing they write.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+
+use http::Request;
+
+use super::Shared;
+use crate::policy::{MethodPolicy, Policies, ThrottleHandle};
+use crate::throttle::{RetryThrottle, ThrottleState};
+
+/// The handles one clone of a layer's service owns (see [the module docs](self)). Cloning
+/// gives an empty set: the clone makes its own at its first call.
+pub(crate) struct Handles<S> {
+    /// The spare service and the table, made at the first driven call.
+    pub(super) shared: Option<Arc<Shared<S>>>,
+    /// Copies of the table's retry and hedging policies, by the address of the original.
+    policies: HashMap<usize, MethodPolicy, foldhash::fast::RandomState>,
+    /// This clone's handle on the table's shared throttle.
+    throttle: Option<ThrottleHandle>,
+}
+
+impl<S> Handles<S> {
+    /// This clone's copy of `policy`, made on first use. A copy shares everything the
+    /// original shares (its adaptive delay's window, its budget, its hook): only the
+    /// reference count calls take is its own.
+    pub(super) fn policy<'a>(&'a mut self, policy: &'a MethodPolicy) -> &'a MethodPolicy {
+        let key = match policy {
+            MethodPolicy::Retry(retry) => Arc::as_ptr(retry) as usize,
+            MethodPolicy::Hedge(hedge) => Arc::as_ptr(hedge) as usize,
+            // No reference to take.
+            MethodPolicy::Timeout(_) | MethodPolicy::WaitForReady(_) => return policy,
+        };
+        // The table outlives this clone (the service holds it), so an address names one
+        // policy for as long as the copy is kept.
+        self.policies.entry(key).or_insert_with(|| match policy {
+            MethodPolicy::Retry(retry) => MethodPolicy::Retry(Arc::new(retry.as_ref().clone())),
+            MethodPolicy::Hedge(hedge) => MethodPolicy::Hedge(Arc::new(hedge.as_ref().clone())),
+            other => other.clone(),
+        })
+    }
+
+    /// The throttle of `request`'s call: this clone's handle on the table's shared one, or
+    /// the one of the request's authority.
+    pub(super) fn throttle<B>(
+        &mut self,
+        policies: &Policies,
+        request: &Request<B>,
+    ) -> Option<ThrottleHandle> {
+        match policies.shared_throttle() {
+            Some(shared) => {
+                let own = self
+                    .throttle
+                    .get_or_insert_with(|| Arc::new(OwnHandle(Arc::clone(shared))));
+                Some(Arc::clone(own))
+            }
+            None => policies.throttle_for(request),
+        }
+    }
+}
+
+impl<S> Default for Handles<S> {
+    fn default() -> Self {
+        Handles {
+            shared: None,
+            policies: HashMap::default(),
+            throttle: None,
+        }
+    }
+}
+
+impl<S> Clone for Handles<S> {
+    /// None of them: a clone takes its references on handles of its own.
+    fn clone(&self) -> Self {
+        Handles::default()
+    }
+}
+
+impl<S> fmt::Debug for Handles<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Handles")
+            .field("policies", &self.policies.len())
+            .field("throttle", &self.throttle.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// One clone's handle on the table's throttle: the same bucket, behind a reference count of
+/// its own.
+#[derive(Debug)]
+struct OwnHandle(ThrottleHandle);
+
+impl RetryThrottle for OwnHandle {
+    fn on_call(&self) {
+        self.0.on_call();
+    }
+
+    fn on_success(&self) {
+        self.0.on_success();
+    }
+
+    fn on_failure(&self) {
+        self.0.on_failure();
+    }
+
+    fn on_fatal(&self) {
+        self.0.on_fatal();
+    }
+
+    fn allows_retry(&self) -> bool {
+        self.0.allows_retry()
+    }
+
+    fn state(&self) -> ThrottleState {
+        self.0.state()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::classify::{Code, GrpcCodes};
+    use crate::policy::RetryPolicy;
+    use crate::throttle::Throttle;
+
+    fn retry_table() -> Policies {
+        let policy = RetryPolicy::builder()
+            .max_attempts(3)
+            .retryable(GrpcCodes::from([Code::Unavailable]))
+            .build()
+            .unwrap();
+        Policies::builder()
+            .method("svc.S/M", policy)
+            .throttle(Throttle::new(10, 0.1).unwrap())
+            .build()
+    }
+
+    fn retry_of(policy: &MethodPolicy) -> &Arc<RetryPolicy> {
+        match policy {
+            MethodPolicy::Retry(retry) => retry,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn each_clone_takes_its_references_on_copies_of_its_own() {
+        let policies = retry_table();
+        let table = policies
+            .matched(&http::Method::POST, "/svc.S/M")
+            .unwrap()
+            .policy;
+        let mut first = Handles::<()>::default();
+        let copy = Arc::clone(retry_of(first.policy(table)));
+        // The same copy for every call of this clone, not the table's.
+        assert!(Arc::ptr_eq(&copy, retry_of(first.policy(table))));
+        assert!(!Arc::ptr_eq(&copy, retry_of(table)));
+        // A clone of the service makes its own.
+        let mut second = first.clone();
+        assert!(!Arc::ptr_eq(&copy, retry_of(second.policy(table))));
+        // Calls hold copies: the table's count is the table's alone.
+        assert_eq!(Arc::strong_count(retry_of(table)), 1);
+        assert_eq!(copy.max_attempts, 3);
+    }
+
+    #[test]
+    fn a_clones_throttle_handle_is_its_own_over_the_same_bucket() {
+        let policies = retry_table();
+        let request = Request::new(());
+        let mut first = Handles::<()>::default();
+        let mut second = Handles::<()>::default();
+        let a = first.throttle(&policies, &request).unwrap();
+        let b = second.throttle(&policies, &request).unwrap();
+        assert!(Arc::ptr_eq(
+            &a,
+            &first.throttle(&policies, &request).unwrap()
+        ));
+        assert!(!Arc::ptr_eq(&a, &b));
+        assert!(!Arc::ptr_eq(&a, policies.shared_throttle().unwrap()));
+        // One bucket: a failure through either handle is the table's.
+        a.on_failure();
+        b.on_failure();
+        assert_eq!(
+            policies.throttle_state(),
+            Some(ThrottleState::Bucket {
+                tokens: 8.0,
+                max_tokens: 10,
+                threshold: 5.0,
+                token_ratio: 0.1,
+            })
+        );
+    }
+}
