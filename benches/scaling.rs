@@ -1,0 +1,804 @@
+//! How each stack scales with worker threads when every task calls a clone of one shared
+//! stack (issue 29: "a healthy call writes nothing that other cores share").
+//!
+//! A client shares one stack among all its tasks: one policy table, one throttle, one hedge
+//! budget, one latency window. Whatever a call writes there (a reference count, a lock, a
+//! counter) bounces its cache line between the cores that make calls, and the rate stops
+//! growing with the cores. This benchmark runs every configuration below at 1, 2, … worker
+//! threads and reports, per configuration, its rate as a share of the bare service's and how
+//! it scales from the fewest threads to each thread count.
+//!
+//! # The service and the configurations
+//!
+//! Below every stack is the same in-process service: it spins for `work` (busy CPU, reading
+//! `std::time::Instant` until `work` has passed; nothing for 0) and answers at once with a
+//! gRPC-looking OK (`content-type: application/grpc`, `grpc-status: 0`, empty body). Each
+//! call sends a fresh `POST /bench.Echo/Unary` with `content-type: application/grpc` and a
+//! 5-byte body (the gRPC frame of an empty message), built in the calling loop the same way
+//! for every configuration, so the bare service pays for it too. Nothing fails, so nothing
+//! is retried or hedged: this is the path every call takes while the server is healthy.
+//!
+//! | configuration | the stack |
+//! |---|---|
+//! | `bare` | the service alone |
+//! | `tower_retry` | `tower::retry::Retry` with a policy that clones the request and retries nothing |
+//! | `tower_retry+tps_budget` | `tower::retry::Retry` with a shared `TpsBudget::new(10 s, 10, 0.2)`: successes deposit, `UNAVAILABLE` withdraws (the shape of `benches/loopback.rs`) |
+//! | `retry` | `RetryLayer`, a `RetryPolicy` for the method (4 attempts, `UNAVAILABLE` retryable) |
+//! | `retry+throttle` | the same with gRFC A6's throttle, `Throttle::new(10, 0.1)` |
+//! | `retry+retry_budget` | the same with `RetryBudget::new(10 s, 10, 0.2)` as the throttle |
+//! | `retry+adaptive_throttle` | the same with `AdaptiveThrottle::default()` (10 s, k = 2) as the throttle |
+//! | `retry+metrics` | the same with gRFC A96 metrics on (an SDK meter provider whose periodic reader exports to memory once a minute: never during a run) |
+//! | `hedge` | `HedgeLayer`, a `HedgePolicy` for the method (3 attempts, fixed 5 ms delay, `UNAVAILABLE` non-fatal) |
+//! | `hedge+adaptive_delay` | the same with `AdaptiveDelay` at p90 (its other settings the defaults) in place of the fixed delay |
+//! | `hedge+hedge_budget` | `hedge` with `HedgeBudget::default()` on the policy |
+//!
+//! The balancer (`balance::Balance`) is not measured: it is not `Clone`, so tasks can share it
+//! only behind a `tower::buffer::Buffer`, which sends every call through one channel to one
+//! worker task and would measure the buffer rather than the pick.
+//!
+//! # Method
+//!
+//! One process. For each thread count `W` there is one tokio multi-thread runtime with `W`
+//! worker threads. A measurement builds the configuration afresh, makes one call on it (as a
+//! client that hands out clones of a stack it has used; the shared state every clone reads,
+//! the policy table, throttle, budgets and latency window, is the same for all), then spawns
+//! `4 × W` tasks, each with its own clone of that one stack. Each task loops: `ready().await`,
+//! `call(request)`, and counts its calls in a local counter; every 256 calls it yields, so
+//! that all its worker's tasks take turns (as tasks waiting on the network would) and the
+//! worker gets to its timers. The main thread lets them run for a warm-up (50 ms), then for
+//! the measured slice (`SCALING_SLICE_MS`, 300 ms), then stops them; the phase is one atomic
+//! byte that tasks only read, and the counters are summed once the tasks have ended, so the
+//! measurement itself writes nothing the cores share. The rate is the calls completed in the
+//! slice over its wall time.
+//!
+//! Measurements come in rounds (`SCALING_ROUNDS`, 5): in each round, for each `work` and each
+//! `W`, every configuration is measured once, in an order that rotates by one from round to
+//! round. Each round gives every configuration
+//!
+//! - its rate × bare: its rate ÷ the bare service's, same round, same `W`, same `work`;
+//! - its scaling from the fewest threads `W₀` (1 by default) to `W`:
+//!   `rate(W) / rate(W₀) × W₀ / W`, both rates from the same round: 1 is perfect scaling,
+//!   `1 / W` (with `W₀ = 1`) no gain at all. Above the cores the machine has, the best it can
+//!   be is `cores / W`;
+//! - its CPU efficiency from `W₀` to `W`: calls per CPU-second (the process's CPU time over
+//!   the slice) at `W` ÷ at `W₀`, same round. 1 when a call costs the same CPU on `W` cores
+//!   as on `W₀`. What a write shared between cores costs in cache-line transfers shows here,
+//!   and cores the run was not lent do not; a thread asleep on a contended lock spends no
+//!   CPU, so a lock shows in the scaling rather than here: read the two together.
+//!
+//! The tables give the median and interquartile range (25th–75th percentile, interpolated)
+//! over the rounds, then the median rates and the CPU cores the process kept busy during the
+//! slice (its CPU time, every thread, over the slice's wall time). Cores busy below `W` mean
+//! the machine lent the run fewer cores than it has workers (other processes, or fewer cores
+//! than threads), which bounds the scaling whatever the stack does. Workers that share fewer
+//! cores also run side by side less and collide less, so such a round understates the cost
+//! of shared writes in both the scaling and the CPU efficiency: under each table the run
+//! counts, per `W`, the rounds in which some configuration kept fewer than 90 % of
+//! `min(W, CPUs)` cores busy; only the others show the stack alone. Each round's rates and
+//! cores busy go to stderr as the run goes.
+//!
+//! # Running it
+//!
+//! ```text
+//! cargo bench --all-features --bench scaling
+//! SCALING_THREADS=1,2,4,8,16 SCALING_WORK_US=0,5 SCALING_SLICE_MS=300 SCALING_ROUNDS=5 \
+//!     cargo bench --all-features --bench scaling
+//! ```
+//!
+//! | variable | default | meaning |
+//! |---|---|---|
+//! | `SCALING_THREADS` | `1,2` | worker thread counts, comma-separated; the smallest is the base of the scaling |
+//! | `SCALING_WORK_US` | `0,5` | the service's busy work per call, in µs, comma-separated |
+//! | `SCALING_SLICE_MS` | `300` | the measured slice of each measurement, in ms |
+//! | `SCALING_ROUNDS` | `5` | rounds |
+//!
+//! The default run (11 configurations × 2 works × 2 thread counts × 5 rounds × 0.35 s) takes
+//! about 80 s.
+//!
+//! On a machine with more cores but no toolchain, build here and carry the binary:
+//! `cargo bench --all-features --bench scaling --no-run` prints its path
+//! (`Executable benches/scaling.rs (target/release/deps/scaling-<hash>)`); copy that file
+//! over (it links the C library dynamically, so the other machine needs a glibc at least as
+//! recent) and run it there, e.g. `SCALING_THREADS=1,2,4,8,16 ./scaling-<hash>`.
+
+use std::convert::Infallible;
+use std::future::{Ready, ready};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::header::CONTENT_TYPE;
+use http::{HeaderName, HeaderValue, Method, Request, Response, Uri};
+use http_body_util::Full;
+use opentelemetry::metrics::MeterProvider as _;
+use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMeterProvider};
+use tokio::runtime::Runtime;
+use tower::retry::budget::{Budget, TpsBudget};
+use tower::{Layer, Service, ServiceExt};
+use tower_retry_hedge::backoff::Exponential;
+use tower_retry_hedge::classify::{Code, GrpcCodes};
+use tower_retry_hedge::latency::AdaptiveDelay;
+use tower_retry_hedge::policy::{HedgePolicyBuilder, PoliciesBuilder};
+use tower_retry_hedge::throttle::{AdaptiveThrottle, HedgeBudget, RetryBudget};
+use tower_retry_hedge::{HedgeLayer, HedgePolicy, Policies, RetryLayer, RetryPolicy, Throttle};
+
+#[path = "support/clock.rs"]
+mod clock;
+use clock::Clock;
+
+type Req = Request<Full<Bytes>>;
+type Res = Response<Full<Bytes>>;
+
+/// The method the policies name, and the path every request goes to.
+const METHOD: &str = "bench.Echo/Unary";
+const PATH: &str = "/bench.Echo/Unary";
+/// The gRPC frame of an empty message: not compressed, length 0.
+const EMPTY_MESSAGE: &[u8] = b"\x00\x00\x00\x00\x00";
+const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+
+/// Client tasks per worker thread.
+const TASKS_PER_WORKER: usize = 4;
+/// Calls a task makes before it yields to the other tasks of its worker.
+const YIELD_EVERY: u32 = 256;
+/// Each measurement runs this long before its slice starts.
+const WARM_UP: Duration = Duration::from_millis(50);
+
+const BALANCE_SKIPPED: &str = "`balance::Balance` is not `Clone` (it owns its endpoints): \
+     tasks can share it only behind a `tower::buffer::Buffer`, which sends every call through \
+     one channel to one worker task, so it would measure the buffer, not the pick";
+
+// ---- parameters ---------------------------------------------------------------------------
+
+/// What a run measures, from the environment.
+#[derive(Debug)]
+struct Params {
+    /// Worker thread counts, ascending; the first is the base of the scaling.
+    threads: Vec<usize>,
+    /// The service's busy work per call.
+    works: Vec<Duration>,
+    slice: Duration,
+    rounds: usize,
+}
+
+impl Params {
+    fn from_env() -> Params {
+        let mut threads = env_list("SCALING_THREADS", "1,2");
+        threads.sort_unstable();
+        threads.dedup();
+        assert!(
+            threads.iter().all(|&w| w > 0),
+            "SCALING_THREADS: thread counts must be positive"
+        );
+        let works = env_list("SCALING_WORK_US", "0,5")
+            .into_iter()
+            .map(|us| Duration::from_micros(us as u64))
+            .collect();
+        let slice = Duration::from_millis(env_number("SCALING_SLICE_MS", "300") as u64);
+        let rounds = env_number("SCALING_ROUNDS", "5");
+        assert!(
+            !slice.is_zero() && rounds > 0,
+            "SCALING_SLICE_MS and SCALING_ROUNDS must be positive"
+        );
+        Params {
+            threads,
+            works,
+            slice,
+            rounds,
+        }
+    }
+}
+
+/// The comma-separated numbers of the environment variable `name`, or of `default`.
+fn env_list(name: &str, default: &str) -> Vec<usize> {
+    let value = std::env::var(name).unwrap_or_else(|_| default.to_string());
+    value
+        .split(',')
+        .map(|n| {
+            n.trim()
+                .parse()
+                .unwrap_or_else(|_| panic!("{name}: {n:?} is not a non-negative integer"))
+        })
+        .collect()
+}
+
+/// The one number of the environment variable `name`, or `default`.
+fn env_number(name: &str, default: &str) -> usize {
+    let list = env_list(name, default);
+    assert!(list.len() == 1, "{name}: one number, not a list");
+    list[0]
+}
+
+// ---- the service and the request ----------------------------------------------------------
+
+/// Spins for `work`, then answers gRPC OK (status in the headers, empty body).
+#[derive(Debug, Clone, Copy)]
+struct Spin {
+    work: Duration,
+}
+
+impl Service<Req> for Spin {
+    type Response = Res;
+    type Error = Infallible;
+    type Future = Ready<Result<Res, Infallible>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Req) -> Self::Future {
+        drop(request);
+        if !self.work.is_zero() {
+            let started = Instant::now();
+            while started.elapsed() < self.work {
+                std::hint::spin_loop();
+            }
+        }
+        let mut response = Response::new(Full::new(Bytes::new()));
+        let headers = response.headers_mut();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+        headers.insert(GRPC_STATUS, HeaderValue::from_static("0"));
+        ready(Ok(response))
+    }
+}
+
+/// A fresh request; nothing in it allocates but the header map.
+fn request() -> Req {
+    let mut request = Request::new(Full::new(Bytes::from_static(EMPTY_MESSAGE)));
+    *request.method_mut() = Method::POST;
+    *request.uri_mut() = Uri::from_static(PATH);
+    request
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    request
+}
+
+/// Whether an answer is gRPC `UNAVAILABLE`, the one failure the tower policies retry.
+fn unavailable<E>(result: &Result<Res, E>) -> bool {
+    match result {
+        Ok(response) => response
+            .headers()
+            .get(GRPC_STATUS)
+            .is_some_and(|s| s == "14"),
+        Err(_) => true,
+    }
+}
+
+/// A copy of a request, as a tower retry policy must make one: `http::Request` is not
+/// `Clone`, so it is rebuilt from cloned parts and a clone of the body.
+fn clone_request(request: &Req) -> Req {
+    let mut copy = Request::new(request.body().clone());
+    *copy.method_mut() = request.method().clone();
+    *copy.uri_mut() = request.uri().clone();
+    *copy.version_mut() = request.version();
+    *copy.headers_mut() = request.headers().clone();
+    *copy.extensions_mut() = request.extensions().clone();
+    copy
+}
+
+// ---- the tower::retry peers ---------------------------------------------------------------
+
+/// The least a `tower::retry` policy for `http` requests does: clones the request, retries
+/// nothing.
+#[derive(Debug, Clone, Copy)]
+struct NeverRetry;
+
+impl<E> tower::retry::Policy<Req, Res, E> for NeverRetry {
+    type Future = Ready<()>;
+
+    fn retry(&mut self, _: &mut Req, _: &mut Result<Res, E>) -> Option<Self::Future> {
+        None
+    }
+
+    fn clone_request(&mut self, request: &Req) -> Option<Req> {
+        Some(clone_request(request))
+    }
+}
+
+/// A `tower::retry` policy with a shared `TpsBudget`: every success deposits; `UNAVAILABLE`
+/// withdraws and, while the budget and the attempts allow, retries after 100 ms.
+#[derive(Debug, Clone)]
+struct TpsBudgetPolicy {
+    budget: Arc<TpsBudget>,
+    attempts_left: u32,
+}
+
+impl<E> tower::retry::Policy<Req, Res, E> for TpsBudgetPolicy {
+    type Future = tokio::time::Sleep;
+
+    fn retry(&mut self, _: &mut Req, result: &mut Result<Res, E>) -> Option<Self::Future> {
+        if !unavailable(result) {
+            self.budget.deposit();
+            return None;
+        }
+        if self.attempts_left > 0 && self.budget.withdraw() {
+            self.attempts_left -= 1;
+            Some(tokio::time::sleep(Duration::from_millis(100)))
+        } else {
+            None
+        }
+    }
+
+    fn clone_request(&mut self, request: &Req) -> Option<Req> {
+        Some(clone_request(request))
+    }
+}
+
+// ---- the configurations -------------------------------------------------------------------
+
+/// The configurations, in table order; `Bare` is the baseline.
+#[derive(Debug, Clone, Copy)]
+enum Config {
+    Bare,
+    TowerRetry,
+    TowerRetryTpsBudget,
+    Retry,
+    RetryThrottle,
+    RetryBudget,
+    RetryAdaptiveThrottle,
+    RetryMetrics,
+    Hedge,
+    HedgeAdaptiveDelay,
+    HedgeBudget,
+}
+
+impl Config {
+    const ALL: [Config; 11] = [
+        Config::Bare,
+        Config::TowerRetry,
+        Config::TowerRetryTpsBudget,
+        Config::Retry,
+        Config::RetryThrottle,
+        Config::RetryBudget,
+        Config::RetryAdaptiveThrottle,
+        Config::RetryMetrics,
+        Config::Hedge,
+        Config::HedgeAdaptiveDelay,
+        Config::HedgeBudget,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Config::Bare => "bare",
+            Config::TowerRetry => "tower_retry",
+            Config::TowerRetryTpsBudget => "tower_retry+tps_budget",
+            Config::Retry => "retry",
+            Config::RetryThrottle => "retry+throttle",
+            Config::RetryBudget => "retry+retry_budget",
+            Config::RetryAdaptiveThrottle => "retry+adaptive_throttle",
+            Config::RetryMetrics => "retry+metrics",
+            Config::Hedge => "hedge",
+            Config::HedgeAdaptiveDelay => "hedge+adaptive_delay",
+            Config::HedgeBudget => "hedge+hedge_budget",
+        }
+    }
+
+    /// Builds the configuration afresh over a `Spin` of `work` and measures its rate on
+    /// `runtime` with `tasks` tasks.
+    fn measure(self, work: Duration, runtime: &Runtime, tasks: usize, slice: Duration) -> Sample {
+        let spin = Spin { work };
+        let retry = |policies: PoliciesBuilder| RetryLayer::new(policies.build()).layer(spin);
+        let hedge = |policy: HedgePolicyBuilder| {
+            let policy = policy.build().expect("a valid hedging policy");
+            HedgeLayer::new(Policies::builder().method(METHOD, policy).build()).layer(spin)
+        };
+        match self {
+            Config::Bare => measure(runtime, spin, tasks, slice),
+            Config::TowerRetry => measure(
+                runtime,
+                tower::retry::Retry::new(NeverRetry, spin),
+                tasks,
+                slice,
+            ),
+            Config::TowerRetryTpsBudget => {
+                let policy = TpsBudgetPolicy {
+                    budget: Arc::new(TpsBudget::new(Duration::from_secs(10), 10, 0.2)),
+                    attempts_left: 3,
+                };
+                let service = tower::retry::Retry::new(policy, spin);
+                measure(runtime, service, tasks, slice)
+            }
+            Config::Retry => measure(runtime, retry(retry_policies()), tasks, slice),
+            Config::RetryThrottle => {
+                let throttle = Throttle::new(10, 0.1).expect("A6's example throttle");
+                let service = retry(retry_policies().throttle(throttle));
+                measure(runtime, service, tasks, slice)
+            }
+            Config::RetryBudget => {
+                let budget = RetryBudget::new(Duration::from_secs(10), 10, 0.2)
+                    .expect("a valid retry budget");
+                let service = retry(retry_policies().throttle(budget));
+                measure(runtime, service, tasks, slice)
+            }
+            Config::RetryAdaptiveThrottle => {
+                let service = retry(retry_policies().throttle(AdaptiveThrottle::default()));
+                measure(runtime, service, tasks, slice)
+            }
+            Config::RetryMetrics => {
+                let meter = meter_provider().meter("tower-retry-hedge");
+                let service = retry(retry_policies().metrics(&meter));
+                measure(runtime, service, tasks, slice)
+            }
+            Config::Hedge => measure(runtime, hedge(hedge_policy()), tasks, slice),
+            Config::HedgeAdaptiveDelay => {
+                let delay = AdaptiveDelay::builder()
+                    .percentile(0.9)
+                    .build()
+                    .expect("a valid adaptive delay");
+                let policy = HedgePolicy::builder()
+                    .max_attempts(3)
+                    .adaptive_delay(delay)
+                    .non_fatal(GrpcCodes::from([Code::Unavailable]));
+                measure(runtime, hedge(policy), tasks, slice)
+            }
+            Config::HedgeBudget => {
+                let policy = hedge_policy().budget(HedgeBudget::default());
+                measure(runtime, hedge(policy), tasks, slice)
+            }
+        }
+    }
+}
+
+/// A table with the retry policy for [`METHOD`]: 4 attempts, `UNAVAILABLE` retryable.
+fn retry_policies() -> PoliciesBuilder {
+    let backoff = Exponential::grpc(Duration::from_millis(100), Duration::from_secs(1), 2.0)
+        .expect("a valid backoff");
+    let policy = RetryPolicy::builder()
+        .max_attempts(4)
+        .backoff(backoff)
+        .retryable(GrpcCodes::from([Code::Unavailable]))
+        .build()
+        .expect("a valid retry policy");
+    Policies::builder().method(METHOD, policy)
+}
+
+/// The hedging policy: 3 attempts, 5 ms apart, `UNAVAILABLE` non-fatal.
+fn hedge_policy() -> HedgePolicyBuilder {
+    HedgePolicy::builder()
+        .max_attempts(3)
+        .delay(Duration::from_millis(5))
+        .non_fatal(GrpcCodes::from([Code::Unavailable]))
+}
+
+/// The meter provider of `retry+metrics`, one for the process: a periodic reader exporting
+/// to memory once a minute, so never during a run (a provider without a reader would hand
+/// out instruments that record nothing).
+fn meter_provider() -> &'static SdkMeterProvider {
+    static PROVIDER: std::sync::OnceLock<SdkMeterProvider> = std::sync::OnceLock::new();
+    PROVIDER.get_or_init(|| {
+        let reader = PeriodicReader::builder(InMemoryMetricExporter::default())
+            .with_interval(Duration::from_secs(60))
+            .build();
+        SdkMeterProvider::builder().with_reader(reader).build()
+    })
+}
+
+// ---- measuring ----------------------------------------------------------------------------
+
+/// The phases of a measurement, in the one atomic byte the tasks read.
+const WARMING_UP: u8 = 0;
+const MEASURING: u8 = 1;
+const STOPPED: u8 = 2;
+
+/// One call: waits for the service to be ready, calls it, and checks the answer is an OK.
+async fn call<S>(service: &mut S) -> Res
+where
+    S: Service<Req, Response = Res>,
+    S::Error: std::fmt::Debug,
+{
+    let ready = match ServiceExt::<Req>::ready(service).await {
+        Ok(ready) => ready,
+        Err(error) => panic!("the service is always ready: {error:?}"),
+    };
+    match ready.call(request()).await {
+        Ok(response) => response,
+        Err(error) => panic!("the service never fails: {error:?}"),
+    }
+}
+
+/// A client task: calls its clone until the phase is `STOPPED`, and returns how many calls
+/// ended while it was `MEASURING`.
+async fn client<S>(mut service: S, phase: Arc<AtomicU8>) -> u64
+where
+    S: Service<Req, Response = Res>,
+    S::Error: std::fmt::Debug,
+{
+    let (mut measured, mut since_yield) = (0u64, 0u32);
+    loop {
+        let response = call(&mut service).await;
+        drop(std::hint::black_box(response));
+        match phase.load(Relaxed) {
+            WARMING_UP => {}
+            MEASURING => measured += 1,
+            _ => return measured,
+        }
+        since_yield += 1;
+        if since_yield == YIELD_EVERY {
+            since_yield = 0;
+            tokio::task::yield_now().await;
+        }
+    }
+}
+
+/// What one measurement gives.
+#[derive(Debug, Clone, Copy)]
+struct Sample {
+    /// Calls per second, all tasks together.
+    rate: f64,
+    /// The process's CPU time over the slice's wall time: the cores it kept busy (NaN where
+    /// the clock is missing). Below the worker threads, the machine lent it fewer cores
+    /// (other processes, or fewer cores than threads), which bounds the scaling.
+    cores_busy: f64,
+}
+
+/// The rate of `tasks` tasks, each calling its clone of `service`, over `slice` after the
+/// warm-up.
+fn measure<S>(runtime: &Runtime, mut service: S, tasks: usize, slice: Duration) -> Sample
+where
+    S: Service<Req, Response = Res> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: std::fmt::Debug,
+{
+    // A stack that has answered once, as a client hands out clones of the one it uses.
+    let response = runtime.block_on(call(&mut service));
+    assert_eq!(
+        response.headers()[GRPC_STATUS],
+        "0",
+        "an OK through the stack"
+    );
+
+    let phase = Arc::new(AtomicU8::new(WARMING_UP));
+    let handles: Vec<_> = (0..tasks)
+        .map(|_| runtime.spawn(client(service.clone(), Arc::clone(&phase))))
+        .collect();
+    std::thread::sleep(WARM_UP);
+    phase.store(MEASURING, Relaxed);
+    let (started, cpu_started) = (Instant::now(), Clock::Process.now());
+    std::thread::sleep(slice);
+    phase.store(STOPPED, Relaxed);
+    let (elapsed, cpu) = (started.elapsed(), Clock::Process.now());
+    let calls: u64 = runtime.block_on(async {
+        let mut calls = 0;
+        for handle in handles {
+            calls += handle.await.expect("a client task");
+        }
+        calls
+    });
+    let cpu = match (cpu_started, cpu) {
+        (Some(started), Some(now)) => now.saturating_sub(started).as_secs_f64(),
+        _ => f64::NAN,
+    };
+    Sample {
+        rate: calls as f64 / elapsed.as_secs_f64(),
+        cores_busy: cpu / elapsed.as_secs_f64(),
+    }
+}
+
+// ---- statistics and output ----------------------------------------------------------------
+
+/// The `q` quantile (0 to 1) of `values`, interpolated between the two nearest order
+/// statistics; NaN for no values.
+fn quantile(values: &[f64], q: f64) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let position = q * (sorted.len() - 1) as f64;
+    let (below, above) = (position.floor() as usize, position.ceil() as usize);
+    sorted[below] + (sorted[above] - sorted[below]) * (position - below as f64)
+}
+
+/// "median (p25–p75)" of `values`.
+fn median_iqr(values: &[f64]) -> String {
+    format!(
+        "{:.3} ({:.3}–{:.3})",
+        quantile(values, 0.5),
+        quantile(values, 0.25),
+        quantile(values, 0.75)
+    )
+}
+
+/// "1 thread", "4 threads".
+fn threads_label(threads: usize) -> String {
+    if threads == 1 {
+        "1 thread".to_string()
+    } else {
+        format!("{threads} threads")
+    }
+}
+
+/// The CPU model, from `/proc/cpuinfo` where there is one.
+fn cpu_model() -> Option<String> {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+    cpuinfo.lines().find_map(|line| {
+        let (key, value) = line.split_once(':')?;
+        (key.trim() == "model name").then(|| value.trim().to_string())
+    })
+}
+
+/// Prints the tables of one `work`: `samples[threads][configuration][round]`; `cpus` is the
+/// number of CPUs available.
+fn print_tables(params: &Params, work: Duration, samples: &[Vec<Vec<Sample>>], cpus: usize) {
+    let base = params.threads[0];
+    let rates: Vec<Vec<Vec<f64>>> = (samples.iter())
+        .map(|configs| {
+            (configs.iter())
+                .map(|rounds| rounds.iter().map(|s| s.rate).collect())
+                .collect()
+        })
+        .collect();
+    let ratios = |t: usize, c: usize| -> Vec<f64> {
+        (rates[t][c].iter().zip(&rates[t][0]))
+            .map(|(rate, bare)| rate / bare)
+            .collect()
+    };
+    let efficiency = |t: usize, c: usize| -> Vec<f64> {
+        (samples[t][c].iter().zip(&samples[0][c]))
+            .map(|(at, base)| (at.rate / at.cores_busy) / (base.rate / base.cores_busy))
+            .collect()
+    };
+    let scaling = |t: usize, c: usize| -> Vec<f64> {
+        let factor = base as f64 / params.threads[t] as f64;
+        (rates[t][c].iter().zip(&rates[0][c]))
+            .map(|(rate, base_rate)| rate / base_rate * factor)
+            .collect()
+    };
+
+    println!(
+        "\n## work {} µs: rate × bare (same round, same threads), scaling {base}→W \
+         (rate(W) / rate({base}) × {base} / W, same round) and CPU efficiency {base}→W (calls \
+         per CPU-second at W ÷ at {base}, same round); median (p25–p75) over {} rounds\n",
+        work.as_micros(),
+        params.rounds
+    );
+    let mut header = "| configuration |".to_string();
+    let mut rule = "|---|".to_string();
+    for &threads in &params.threads {
+        header += &format!(" × bare, {} |", threads_label(threads));
+        rule += "---:|";
+    }
+    for &threads in &params.threads[1..] {
+        header += &format!(" scaling {base}→{threads} |");
+        rule += "---:|";
+    }
+    for &threads in &params.threads[1..] {
+        header += &format!(" CPU efficiency {base}→{threads} |");
+        rule += "---:|";
+    }
+    println!("{header}\n{rule}");
+    for (c, config) in Config::ALL.iter().enumerate() {
+        let mut row = format!("| {} |", config.name());
+        for t in 0..params.threads.len() {
+            row += &format!(" {} |", median_iqr(&ratios(t, c)));
+        }
+        for t in 1..params.threads.len() {
+            row += &format!(" {} |", median_iqr(&scaling(t, c)));
+        }
+        for t in 1..params.threads.len() {
+            row += &format!(" {} |", median_iqr(&efficiency(t, c)));
+        }
+        println!("{row}");
+    }
+
+    let short: Vec<String> = (params.threads.iter().zip(samples))
+        .map(|(&threads, configs)| {
+            let lent = 0.9 * threads.min(cpus.max(1)) as f64;
+            let short = (0..params.rounds)
+                .filter(|&round| configs.iter().any(|rounds| rounds[round].cores_busy < lent))
+                .count();
+            format!(
+                "{} of {} at {}",
+                short,
+                params.rounds,
+                threads_label(threads)
+            )
+        })
+        .collect();
+    println!(
+        "\nRounds in which some configuration kept fewer than 90 % of min(W, CPUs) cores busy \
+         (the machine lent fewer cores; those rounds understate what shared writes cost): {}.",
+        short.join(", ")
+    );
+
+    println!(
+        "\nwork {} µs: median rate, million calls/s (all tasks together), and median CPU \
+         cores the process kept busy during the slice\n",
+        work.as_micros()
+    );
+    let mut header = "| configuration |".to_string();
+    let mut rule = "|---|".to_string();
+    for &threads in &params.threads {
+        header += &format!(
+            " M calls/s, {0} | cores busy, {0} |",
+            threads_label(threads)
+        );
+        rule += "---:|---:|";
+    }
+    println!("{header}\n{rule}");
+    for (c, config) in Config::ALL.iter().enumerate() {
+        let mut row = format!("| {} |", config.name());
+        for (rates, samples) in rates.iter().zip(samples) {
+            let cores: Vec<f64> = samples[c].iter().map(|s| s.cores_busy).collect();
+            row += &format!(
+                " {:.2} | {:.2} |",
+                quantile(&rates[c], 0.5) / 1e6,
+                quantile(&cores, 0.5)
+            );
+        }
+        println!("{row}");
+    }
+}
+
+fn main() {
+    let params = Params::from_env();
+    let cores = std::thread::available_parallelism().map_or(0, usize::from);
+    let list = |values: &mut dyn Iterator<Item = String>| values.collect::<Vec<_>>().join(",");
+
+    println!("# Scaling: one shared stack, called from every worker thread\n");
+    println!(
+        "- machine: {cores} CPUs available (`available_parallelism`), {}",
+        cpu_model().unwrap_or_else(|| "CPU model unknown".to_string())
+    );
+    println!(
+        "- worker threads: {}; work per call: {} µs; {} rounds; slice {} ms after {} ms \
+         warm-up; {TASKS_PER_WORKER} tasks per worker thread, each yielding every \
+         {YIELD_EVERY} calls",
+        list(&mut params.threads.iter().map(usize::to_string)),
+        list(&mut params.works.iter().map(|w| w.as_micros().to_string())),
+        params.rounds,
+        params.slice.as_millis(),
+        WARM_UP.as_millis(),
+    );
+    println!("- not measured: balance: {BALANCE_SKIPPED}");
+
+    let runtimes: Vec<Runtime> = (params.threads.iter())
+        .map(|&threads| {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(threads)
+                .enable_all()
+                .build()
+                .expect("a multi-thread runtime")
+        })
+        .collect();
+
+    let n = Config::ALL.len();
+    // samples[work][threads][configuration][round]
+    let mut samples = vec![
+        vec![vec![Vec::with_capacity(params.rounds); n]; params.threads.len()];
+        params.works.len()
+    ];
+    for round in 0..params.rounds {
+        for (w, &work) in params.works.iter().enumerate() {
+            for (t, runtime) in runtimes.iter().enumerate() {
+                let threads = params.threads[t];
+                let mut line = format!(
+                    "round {}/{}, work {} µs, {}:",
+                    round + 1,
+                    params.rounds,
+                    work.as_micros(),
+                    threads_label(threads)
+                );
+                for i in 0..n {
+                    let c = (round + i) % n;
+                    let config = Config::ALL[c];
+                    let sample =
+                        config.measure(work, runtime, TASKS_PER_WORKER * threads, params.slice);
+                    line += &format!(
+                        " {} {:.2}M/s {:.2}cores",
+                        config.name(),
+                        sample.rate / 1e6,
+                        sample.cores_busy
+                    );
+                    samples[w][t][c].push(sample);
+                }
+                eprintln!("{line}");
+            }
+        }
+    }
+
+    for (w, &work) in params.works.iter().enumerate() {
+        print_tables(&params, work, &samples[w], cores);
+    }
+}
