@@ -16,7 +16,6 @@ use http::Request;
 
 use super::Shared;
 use crate::policy::{MethodPolicy, Policies, ThrottleHandle};
-use crate::throttle::{RetryThrottle, ThrottleState};
 
 /// The handles one clone of a layer's service owns (see [the module docs](self)). Cloning
 /// gives an empty set: the clone makes its own at its first call.
@@ -58,9 +57,11 @@ impl<S> Handles<S> {
     ) -> Option<ThrottleHandle> {
         match policies.shared_throttle() {
             Some(shared) => {
+                // The same bucket behind a reference count of this clone's own (`Arc<T>` is a
+                // throttle that forwards to `T`).
                 let own = self
                     .throttle
-                    .get_or_insert_with(|| Arc::new(OwnHandle(Arc::clone(shared))));
+                    .get_or_insert_with(|| Arc::new(Arc::clone(shared)));
                 Some(Arc::clone(own))
             }
             None => policies.throttle_for(request),
@@ -94,43 +95,12 @@ impl<S> fmt::Debug for Handles<S> {
     }
 }
 
-/// One clone's handle on the table's throttle: the same bucket, behind a reference count of
-/// its own.
-#[derive(Debug)]
-struct OwnHandle(ThrottleHandle);
-
-impl RetryThrottle for OwnHandle {
-    fn on_call(&self) {
-        self.0.on_call();
-    }
-
-    fn on_success(&self) {
-        self.0.on_success();
-    }
-
-    fn on_failure(&self) {
-        self.0.on_failure();
-    }
-
-    fn on_fatal(&self) {
-        self.0.on_fatal();
-    }
-
-    fn allows_retry(&self) -> bool {
-        self.0.allows_retry()
-    }
-
-    fn state(&self) -> ThrottleState {
-        self.0.state()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::classify::{Code, GrpcCodes};
     use crate::policy::RetryPolicy;
-    use crate::throttle::Throttle;
+    use crate::throttle::{RetryThrottle, Throttle, ThrottleState};
 
     fn retry_table() -> Policies {
         let policy = RetryPolicy::builder()
