@@ -30,6 +30,10 @@
 //!    record does not hold; when every one was tried, among all of them. Then the id of
 //!    the endpoint picked is added to the record, which every attempt of the call shares, so
 //!    the next attempt avoids it.
+//! 3. A hedge ([`AttemptInfo::hedge`]) whose call tried every endpoint in rotation goes to an
+//!    ejected one it has not tried, if one is ready: the tried ones hold the call's attempts
+//!    in flight, where a second attempt buys nothing. A retry follows failures, and the
+//!    backends in rotation it tried are still better bets than one ejected for failing.
 //!
 //! *In rotation* means not ejected by the outlier detection; when every ready endpoint is
 //! ejected (which the detection never does to every known one, but some may not be ready),
@@ -40,7 +44,9 @@
 //!
 //! The choice is among *ready* endpoints: an untried endpoint that is not ready (its
 //! connection is being set up, or its buffer is full) is passed over in favour of a tried one
-//! that is, rather than holding the attempt back. tonic channels are ready at once.
+//! that is, rather than holding the attempt back. tonic channels are ready at once: the
+//! balancer polls its endpoints outside tokio's task budget, which would otherwise hold one
+//! back after it took a request, under load for many picks.
 //!
 //! # Outlier detection
 //!
@@ -273,6 +279,7 @@ pub use outlier::{
 };
 
 use std::fmt;
+use std::future::Future;
 use std::hash::Hash;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -287,7 +294,7 @@ use tower::ready_cache::ReadyCache;
 use tower_service::Service;
 
 use crate::BoxError;
-use crate::metadata::{BackendId, TriedBackends};
+use crate::metadata::{AttemptInfo, BackendId, TriedBackends};
 use detector::Detector;
 use health::Health;
 
@@ -488,19 +495,30 @@ where
     }
 
     /// Moves the endpoints that became ready to the ready set; drops those that failed.
+    ///
+    /// Outside tokio's task budget. An endpoint behind a tokio resource (a `Buffer`, as every
+    /// tonic channel is) polled once the task's budget is spent says Pending only to make the
+    /// task yield, and tokio wakes it when a worker thread next runs out of work: under load,
+    /// long after. Meanwhile the picks pass it over, and a hedge whose call tried every other
+    /// backend goes back to one of them. The task still yields: receiving requests spends
+    /// its budget.
     fn promote_ready(&mut self, cx: &mut Context<'_>) {
-        loop {
-            match self.endpoints.poll_pending(cx) {
-                // None left pending, or none of them ready yet.
-                Poll::Ready(Ok(())) | Poll::Pending => return,
-                Poll::Ready(Err(failed)) => {
-                    tracing::debug!(error = %failed.1, "balance: dropping an endpoint that failed");
-                    if let Some(detector) = &mut self.outliers {
-                        detector.remove(BackendId::of(&failed.0));
+        let (endpoints, outliers) = (&mut self.endpoints, &mut self.outliers);
+        let promote = std::future::poll_fn(|cx| {
+            loop {
+                match endpoints.poll_pending(cx) {
+                    // None left pending, or none of them ready yet.
+                    Poll::Ready(Ok(())) | Poll::Pending => return Poll::Ready(()),
+                    Poll::Ready(Err(failed)) => {
+                        tracing::debug!(error = %failed.1, "balance: dropping an endpoint that failed");
+                        if let Some(detector) = outliers {
+                            detector.remove(BackendId::of(&failed.0));
+                        }
                     }
                 }
             }
-        }
+        });
+        let _promoted = std::pin::pin!(tokio::task::coop::unconstrained(promote)).poll(cx);
     }
 }
 
@@ -597,12 +615,16 @@ where
             now: self.outliers.as_ref().map(Detector::now),
         };
         let rng = &mut self.rng;
-        let index = match request.extensions().get::<TriedBackends>() {
-            Some(tried) => tried.pick_and_record(|tried| {
-                let index = pick::pick(&ready, tried, rng)?;
-                Some((index, pick::Candidates::id(&ready, index)))
-            }),
-            None => pick::pick(&ready, &[], rng),
+        let extensions = request.extensions();
+        let index = match extensions.get::<TriedBackends>() {
+            Some(tried) => {
+                let hedge = extensions.get::<AttemptInfo>().is_some_and(|a| a.hedge);
+                tried.pick_and_record(|tried| {
+                    let index = pick::pick(&ready, tried, hedge, rng)?;
+                    Some((index, pick::Candidates::id(&ready, index)))
+                })
+            }
+            None => pick::pick(&ready, &[], false, rng),
         };
         match index {
             Some(index) => {

@@ -42,10 +42,12 @@ pub(crate) trait Candidates {
 /// first drawn on a tie) — which keeps the pick with probability `w / w'` when its weight `w`
 /// is below the other's `w'`, and else leaves it to the other. Ejected endpoints are not drawn
 /// while another is ready; among the rest, only endpoints whose id is not in `tried` are drawn,
-/// or all of them when each was tried. `None` when no endpoint is ready.
+/// or all of them when each was tried — but a `hedge` whose call tried each one in rotation
+/// goes to an ejected one it has not tried, if one is ready. `None` when no endpoint is ready.
 pub(crate) fn pick<C: Candidates>(
     candidates: &C,
     tried: &[BackendId],
+    hedge: bool,
     rng: &mut impl Rng,
 ) -> Option<usize> {
     let len = candidates.len();
@@ -69,11 +71,32 @@ pub(crate) fn pick<C: Candidates>(
     } else {
         (0..len).filter(|&i| in_rotation(i) && untried(i)).count()
     };
-    // The pool: the untried endpoints in rotation if some but not all are; else every one in
-    // rotation.
+    // A hedge runs beside its call's earlier attempts: a backend it tried is one they hold,
+    // where a second attempt buys nothing. So when the call tried every endpoint in rotation,
+    // a hedge goes to an ejected one it has not tried. A retry follows failures: the backends
+    // in rotation it tried are still better bets than one ejected for failing.
+    let ejected_fresh = if hedge && fresh == 0 && !every_one {
+        (0..len).filter(|&i| !in_rotation(i) && untried(i)).count()
+    } else {
+        0
+    };
+    // The pool: the untried endpoints in rotation if some but not all are; else, for a hedge,
+    // the untried ejected ones if any; else every one in rotation.
     let only_untried = fresh != rotation && fresh != 0;
-    let pool = if only_untried { fresh } else { rotation };
-    let in_pool = |index: usize| in_rotation(index) && (!only_untried || untried(index));
+    let pool = if only_untried {
+        fresh
+    } else if ejected_fresh > 0 {
+        ejected_fresh
+    } else {
+        rotation
+    };
+    let in_pool = |index: usize| {
+        if ejected_fresh > 0 {
+            !in_rotation(index) && untried(index)
+        } else {
+            in_rotation(index) && (!only_untried || untried(index))
+        }
+    };
     let nth = |n: usize| {
         if pool == len {
             n
@@ -161,10 +184,24 @@ mod tests {
         }
 
         fn counts(&self, tried: &[BackendId], draws: usize, seed: u64) -> Vec<usize> {
+            self.counts_of(tried, false, draws, seed)
+        }
+
+        fn hedge_counts(&self, tried: &[BackendId], draws: usize, seed: u64) -> Vec<usize> {
+            self.counts_of(tried, true, draws, seed)
+        }
+
+        fn counts_of(
+            &self,
+            tried: &[BackendId],
+            hedge: bool,
+            draws: usize,
+            seed: u64,
+        ) -> Vec<usize> {
             let mut rng = SmallRng::seed_from_u64(seed);
             let mut counts = vec![0; self.loads.len()];
             for _ in 0..draws {
-                counts[pick(self, tried, &mut rng).expect("a ready endpoint")] += 1;
+                counts[pick(self, tried, hedge, &mut rng).expect("a ready endpoint")] += 1;
             }
             counts
         }
@@ -207,7 +244,7 @@ mod tests {
         let mut rng = SmallRng::seed_from_u64(seed);
         let mut counts = vec![0; candidates.len()];
         for _ in 0..draws {
-            let index = pick(candidates, tried, &mut rng).expect("a ready endpoint");
+            let index = pick(candidates, tried, false, &mut rng).expect("a ready endpoint");
             counts[index] += 1;
         }
         counts
@@ -216,8 +253,8 @@ mod tests {
     #[test]
     fn nothing_ready_picks_nothing() {
         let mut rng = SmallRng::seed_from_u64(1);
-        assert_eq!(pick(&Loads(vec![]), &[], &mut rng), None);
-        assert_eq!(pick(&Loads(vec![]), &ids([0]), &mut rng), None);
+        assert_eq!(pick(&Loads(vec![]), &[], false, &mut rng), None);
+        assert_eq!(pick(&Loads(vec![]), &ids([0]), true, &mut rng), None);
     }
 
     #[test]
@@ -317,6 +354,26 @@ mod tests {
         let all = Known::new(&[0, 0]).ejected(&[0, 1]);
         let counts = all.counts(&[], 1_000, 24);
         assert!(counts.iter().all(|&c| c > 300), "{counts:?}");
+    }
+
+    #[test]
+    fn a_hedge_goes_to_an_ejected_endpoint_rather_than_to_one_its_call_tried() {
+        // Issue 30: the call tried 1 and 2, every endpoint in rotation; 0 is ejected (the
+        // lightest, so load alone would not explain the picks).
+        let known = Known::new(&[0, 5, 5]).ejected(&[0]);
+        assert_eq!(known.hedge_counts(&ids([1, 2]), 500, 51), vec![500, 0, 0]);
+        // A retry still goes back to those in rotation.
+        assert_eq!(known.counts(&ids([1, 2]), 500, 52)[0], 0);
+        // An untried endpoint in rotation comes first.
+        assert_eq!(known.hedge_counts(&ids([1]), 500, 53), vec![0, 0, 500]);
+        // Every endpoint tried, the ejected one too: among those in rotation, as before.
+        let counts = known.hedge_counts(&ids([0, 1, 2]), 1_000, 54);
+        assert_eq!(counts[0], 0, "{counts:?}");
+        // Several untried ejected endpoints: drawn among them.
+        let two = Known::new(&[0, 0, 5, 5]).ejected(&[0, 1]);
+        let counts = two.hedge_counts(&ids([2, 3]), 1_000, 55);
+        assert!(counts[0] > 300 && counts[1] > 300, "{counts:?}");
+        assert_eq!(counts[2] + counts[3], 0, "{counts:?}");
     }
 
     #[test]

@@ -273,6 +273,50 @@ fn a_tried_endpoint_takes_the_attempt_when_no_untried_one_is_ready() {
     assert_eq!(counts, HashMap::from([("c", 200)]));
 }
 
+/// Issue 30: an endpoint behind a tokio `Buffer` (as every tonic channel is), polled again
+/// after it took a request, says Pending once the task has spent its tokio budget, only to
+/// make the task yield; and tokio wakes it when a worker thread next runs out of work.
+/// The balancer polls its endpoints outside the budget, so the attempt that tried the two
+/// others still goes to it.
+#[tokio::test]
+async fn an_endpoint_polled_once_the_task_spent_its_tokio_budget_is_still_picked() {
+    use tokio::task::coop::{consume_budget, has_budget_remaining};
+
+    let buffered = |name: &'static str| {
+        let service = tower::service_fn(|_: Req| async { Ok::<_, Infallible>(Res::new(())) });
+        Ok::<_, Infallible>(Change::Insert(
+            name,
+            Constant::new(Buffer::new(service, 16), 0),
+        ))
+    };
+    let changes = futures_util::stream::iter(["a", "b", "c"].map(buffered));
+    let mut balance = Balance::with_seed(changes, 1);
+    // In a task of the runtime, where tokio counts the budget.
+    let picked = tokio::spawn(async move {
+        std::future::poll_fn(|cx| balance.poll_ready(cx))
+            .await
+            .expect("ready");
+        // An attempt that tried b and c takes a, which goes back to be polled ready.
+        let first = tried(&["b", "c"]);
+        drop(balance.call(request(Some(&first))));
+        assert_eq!(first.ids().last(), Some(&id("a")));
+        // The task spends its budget, without yielding.
+        for _ in 0..1_000 {
+            if !has_budget_remaining() {
+                break;
+            }
+            consume_budget().await;
+        }
+        assert!(!has_budget_remaining(), "the budget is spent");
+        let ready = std::future::poll_fn(|cx| Poll::Ready(balance.poll_ready(cx))).await;
+        assert!(matches!(ready, Poll::Ready(Ok(()))), "{ready:?}");
+        let next = tried(&["b", "c"]);
+        drop(balance.call(request(Some(&next))));
+        next.ids().last().copied()
+    });
+    assert_eq!(picked.await.expect("the task ran"), Some(id("a")));
+}
+
 #[test]
 fn endpoints_added_and_removed_while_calls_are_in_flight() {
     let mut backends = Backends::new(&[("a", 0), ("b", 0)]);

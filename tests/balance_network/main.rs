@@ -10,7 +10,9 @@
 // For the generated `test.echo` code.
 #[path = "../common/mod.rs"]
 mod common;
+mod json_hedging;
 mod outliers;
+mod tried;
 
 use std::collections::HashMap;
 use std::future::Future;
