@@ -26,7 +26,13 @@ pub(crate) struct Handles<S> {
     policies: HashMap<usize, MethodPolicy, foldhash::fast::RandomState>,
     /// This clone's handle on the table's shared throttle.
     throttle: Option<ThrottleHandle>,
+    /// Its handles on the throttles of the authorities it called, when the table keeps one
+    /// per authority (a few: a clone mostly talks to one host).
+    by_authority: Vec<(Box<str>, ThrottleHandle)>,
 }
+
+/// The most authorities a clone keeps handles for; past them, it starts again.
+const AUTHORITIES_PER_CLONE: usize = 8;
 
 impl<S> Handles<S> {
     /// This clone's copy of `policy`, made on first use. A copy shares everything the
@@ -49,23 +55,34 @@ impl<S> Handles<S> {
     }
 
     /// The throttle of `request`'s call: this clone's handle on the table's shared one, or
-    /// the one of the request's authority.
+    /// on the one of the request's authority (looked up in the registry, under its lock,
+    /// once per clone and authority).
     pub(super) fn throttle<B>(
         &mut self,
         policies: &Policies,
         request: &Request<B>,
     ) -> Option<ThrottleHandle> {
-        match policies.shared_throttle() {
-            Some(shared) => {
-                // The same bucket behind a reference count of this clone's own (`Arc<T>` is a
-                // throttle that forwards to `T`).
-                let own = self
-                    .throttle
-                    .get_or_insert_with(|| Arc::new(Arc::clone(shared)));
-                Some(Arc::clone(own))
-            }
-            None => policies.throttle_for(request),
+        if let Some(shared) = policies.shared_throttle() {
+            // The same bucket behind a reference count of this clone's own (`Arc<T>` is a
+            // throttle that forwards to `T`).
+            let own = self
+                .throttle
+                .get_or_insert_with(|| Arc::new(Arc::clone(shared)));
+            return Some(Arc::clone(own));
         }
+        if !policies.has_authority_throttles() {
+            return None;
+        }
+        let authority = Policies::authority_of(request);
+        if let Some((_, own)) = self.by_authority.iter().find(|(a, _)| **a == *authority) {
+            return Some(Arc::clone(own));
+        }
+        let own: ThrottleHandle = Arc::new(policies.authority_throttle(authority)?);
+        if self.by_authority.len() == AUTHORITIES_PER_CLONE {
+            self.by_authority.clear();
+        }
+        self.by_authority.push((authority.into(), Arc::clone(&own)));
+        Some(own)
     }
 }
 
@@ -75,6 +92,7 @@ impl<S> Default for Handles<S> {
             shared: None,
             policies: HashMap::default(),
             throttle: None,
+            by_authority: Vec::new(),
         }
     }
 }
@@ -91,6 +109,7 @@ impl<S> fmt::Debug for Handles<S> {
         f.debug_struct("Handles")
             .field("policies", &self.policies.len())
             .field("throttle", &self.throttle.is_some())
+            .field("authorities", &self.by_authority.len())
             .finish_non_exhaustive()
     }
 }
@@ -167,5 +186,44 @@ mod tests {
                 token_ratio: 0.1,
             })
         );
+    }
+
+    #[test]
+    fn a_clone_keeps_one_handle_per_authority_over_the_registrys_buckets() {
+        let registry = crate::throttle::ThrottleRegistry::new(10, 0.1).unwrap();
+        let policies = Policies::builder().throttle_per_authority(registry).build();
+        let to = |authority: &str| {
+            Request::builder()
+                .uri(format!("http://{authority}/svc.S/M"))
+                .body(())
+                .unwrap()
+        };
+        let mut handles = Handles::<()>::default();
+        let a = handles.throttle(&policies, &to("a.example:443")).unwrap();
+        let b = handles.throttle(&policies, &to("b.example:443")).unwrap();
+        assert!(Arc::ptr_eq(
+            &a,
+            &handles.throttle(&policies, &to("a.example:443")).unwrap()
+        ));
+        assert!(!Arc::ptr_eq(&a, &b));
+        // Each handle is its authority's bucket in the registry.
+        a.on_failure();
+        let states = policies.authority_throttle_states();
+        let tokens = |authority: &str| match states[authority] {
+            ThrottleState::Bucket { tokens, .. } => tokens,
+            ref other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            (tokens("a.example:443"), tokens("b.example:443")),
+            (9.0, 10.0)
+        );
+        // A clone makes its own, over the same buckets; past its bound, a clone starts again.
+        let mut clone = handles.clone();
+        let again = clone.throttle(&policies, &to("a.example:443")).unwrap();
+        assert!(!Arc::ptr_eq(&a, &again));
+        for n in 0..AUTHORITIES_PER_CLONE + 1 {
+            clone.throttle(&policies, &to(&format!("host{n}:80")));
+        }
+        assert!(clone.by_authority.len() <= AUTHORITIES_PER_CLONE);
     }
 }

@@ -216,6 +216,21 @@ impl Policies {
         })
     }
 
+    /// The authority a request's throttle is kept under: its URI's, else its `Host` header.
+    pub(crate) fn authority_of<B>(request: &Request<B>) -> &str {
+        request
+            .uri()
+            .authority()
+            .map(|a| a.as_str())
+            .or_else(|| {
+                request
+                    .headers()
+                    .get(http::header::HOST)
+                    .and_then(|h| h.to_str().ok())
+            })
+            .unwrap_or("")
+    }
+
     /// The throttle every call shares, if the table has one (not one per authority).
     pub(crate) fn shared_throttle(&self) -> Option<&ThrottleHandle> {
         match &self.0.throttle {
@@ -224,26 +239,17 @@ impl Policies {
         }
     }
 
-    /// The throttle for a request: the shared one, or the one of its authority.
-    pub(crate) fn throttle_for<B>(&self, request: &Request<B>) -> Option<ThrottleHandle> {
+    /// The throttle of `authority`, when the table keeps one per authority.
+    pub(crate) fn authority_throttle(&self, authority: &str) -> Option<ThrottleHandle> {
         match &self.0.throttle {
-            ThrottleChoice::None => None,
-            ThrottleChoice::Shared(throttle) => Some(Arc::clone(throttle)),
-            ThrottleChoice::PerAuthority(registry) => {
-                let authority = request
-                    .uri()
-                    .authority()
-                    .map(|a| a.as_str())
-                    .or_else(|| {
-                        request
-                            .headers()
-                            .get(http::header::HOST)
-                            .and_then(|h| h.to_str().ok())
-                    })
-                    .unwrap_or("");
-                Some(registry.throttle(authority))
-            }
+            ThrottleChoice::PerAuthority(registry) => Some(registry.throttle(authority)),
+            ThrottleChoice::None | ThrottleChoice::Shared(_) => None,
         }
+    }
+
+    /// Whether the table keeps a throttle per authority.
+    pub(crate) fn has_authority_throttles(&self) -> bool {
+        matches!(self.0.throttle, ThrottleChoice::PerAuthority(_))
     }
 
     /// The state of the table's throttle, the one every call shares (set with
