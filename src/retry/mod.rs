@@ -78,6 +78,12 @@
 //! future polls its clone ready, so a buffer or a concurrency limit below sees every attempt
 //! as a request of its own and no capacity is taken while the future waits out a backoff.
 //!
+//! Each clone of a [`Retry`] keeps its own spare, and its own references to the table's
+//! policies and throttle, made at its first call: calls through clones on different cores
+//! write nothing they share while they succeed (the throttle's bucket, budgets and latency
+//! windows stay one, shared by every clone). Clone the stack per task or per core, not per
+//! call: a clone's first call pays for making them.
+//!
 //! # Examples
 //!
 //! A tonic client (with the `tonic` feature), policies from code:
