@@ -21,8 +21,8 @@
 //! | configuration | the stack |
 //! |---|---|
 //! | `bare` | the service alone |
-//! | `tower_retry` | `tower::retry::Retry` with a policy that clones the request and retries nothing |
-//! | `tower_retry+tps_budget` | `tower::retry::Retry` with a shared `TpsBudget::new(10 s, 10, 0.2)`: successes deposit, `UNAVAILABLE` withdraws (the shape of `benches/loopback.rs`) |
+//! | `tower_retry` | `tower::retry::Retry` with the other benchmarks' policy (`benches/support`): clones the request, would retry a 5xx (none comes) |
+//! | `tower_retry+tps_budget` | the same with a shared `TpsBudget::new(10 s, 10, 0.2)`: every answer deposits, a 5xx would withdraw |
 //! | `retry` | `RetryLayer`, a `RetryPolicy` for the method (4 attempts, `UNAVAILABLE` retryable) |
 //! | `retry+throttle` | the same with gRFC A6's throttle, `Throttle::new(10, 0.1)` |
 //! | `retry+retry_budget` | the same with `RetryBudget::new(10 s, 10, 0.2)` as the throttle |
@@ -115,7 +115,7 @@ use http_body_util::Full;
 use opentelemetry::metrics::MeterProvider as _;
 use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMeterProvider};
 use tokio::runtime::Runtime;
-use tower::retry::budget::{Budget, TpsBudget};
+use tower::retry::budget::TpsBudget;
 use tower::{Layer, Service, ServiceExt};
 use tower_retry_hedge::backoff::Exponential;
 use tower_retry_hedge::classify::{Code, GrpcCodes};
@@ -124,12 +124,10 @@ use tower_retry_hedge::policy::{HedgePolicyBuilder, PoliciesBuilder};
 use tower_retry_hedge::throttle::{AdaptiveThrottle, HedgeBudget, RetryBudget};
 use tower_retry_hedge::{HedgeLayer, HedgePolicy, Policies, RetryLayer, RetryPolicy, Throttle};
 
-#[path = "support/clock.rs"]
-mod clock;
-use clock::Clock;
-
-type Req = Request<Full<Bytes>>;
-type Res = Response<Full<Bytes>>;
+// The request and response types, and the `tower::retry` policies of the other benchmarks.
+mod support;
+use support::clock::Clock;
+use support::{BudgetPolicy, CloningPolicy, Req, Res};
 
 /// The method the policies name, and the path every request goes to.
 const METHOD: &str = "bench.Echo/Unary";
@@ -254,77 +252,6 @@ fn request() -> Req {
     request
 }
 
-/// Whether an answer is gRPC `UNAVAILABLE`, the one failure the tower policies retry.
-fn unavailable<E>(result: &Result<Res, E>) -> bool {
-    match result {
-        Ok(response) => response
-            .headers()
-            .get(GRPC_STATUS)
-            .is_some_and(|s| s == "14"),
-        Err(_) => true,
-    }
-}
-
-/// A copy of a request, as a tower retry policy must make one: `http::Request` is not
-/// `Clone`, so it is rebuilt from cloned parts and a clone of the body.
-fn clone_request(request: &Req) -> Req {
-    let mut copy = Request::new(request.body().clone());
-    *copy.method_mut() = request.method().clone();
-    *copy.uri_mut() = request.uri().clone();
-    *copy.version_mut() = request.version();
-    *copy.headers_mut() = request.headers().clone();
-    *copy.extensions_mut() = request.extensions().clone();
-    copy
-}
-
-// ---- the tower::retry peers ---------------------------------------------------------------
-
-/// The least a `tower::retry` policy for `http` requests does: clones the request, retries
-/// nothing.
-#[derive(Debug, Clone, Copy)]
-struct NeverRetry;
-
-impl<E> tower::retry::Policy<Req, Res, E> for NeverRetry {
-    type Future = Ready<()>;
-
-    fn retry(&mut self, _: &mut Req, _: &mut Result<Res, E>) -> Option<Self::Future> {
-        None
-    }
-
-    fn clone_request(&mut self, request: &Req) -> Option<Req> {
-        Some(clone_request(request))
-    }
-}
-
-/// A `tower::retry` policy with a shared `TpsBudget`: every success deposits; `UNAVAILABLE`
-/// withdraws and, while the budget and the attempts allow, retries after 100 ms.
-#[derive(Debug, Clone)]
-struct TpsBudgetPolicy {
-    budget: Arc<TpsBudget>,
-    attempts_left: u32,
-}
-
-impl<E> tower::retry::Policy<Req, Res, E> for TpsBudgetPolicy {
-    type Future = tokio::time::Sleep;
-
-    fn retry(&mut self, _: &mut Req, result: &mut Result<Res, E>) -> Option<Self::Future> {
-        if !unavailable(result) {
-            self.budget.deposit();
-            return None;
-        }
-        if self.attempts_left > 0 && self.budget.withdraw() {
-            self.attempts_left -= 1;
-            Some(tokio::time::sleep(Duration::from_millis(100)))
-        } else {
-            None
-        }
-    }
-
-    fn clone_request(&mut self, request: &Req) -> Option<Req> {
-        Some(clone_request(request))
-    }
-}
-
 // ---- the configurations -------------------------------------------------------------------
 
 /// The configurations, in table order; `Bare` is the baseline.
@@ -387,15 +314,13 @@ impl Config {
             Config::Bare => measure(runtime, spin, tasks, slice),
             Config::TowerRetry => measure(
                 runtime,
-                tower::retry::Retry::new(NeverRetry, spin),
+                tower::retry::Retry::new(CloningPolicy::new(3), spin),
                 tasks,
                 slice,
             ),
             Config::TowerRetryTpsBudget => {
-                let policy = TpsBudgetPolicy {
-                    budget: Arc::new(TpsBudget::new(Duration::from_secs(10), 10, 0.2)),
-                    attempts_left: 3,
-                };
+                let budget = TpsBudget::new(Duration::from_secs(10), 10, 0.2);
+                let policy = BudgetPolicy::new(Arc::new(budget), 3);
                 let service = tower::retry::Retry::new(policy, spin);
                 measure(runtime, service, tasks, slice)
             }

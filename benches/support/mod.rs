@@ -161,6 +161,13 @@ fn failed<E>(result: &Result<Res, E>) -> bool {
     }
 }
 
+impl CloningPolicy {
+    /// Retries up to `attempts_left` times.
+    pub fn new(attempts_left: u32) -> Self {
+        CloningPolicy { attempts_left }
+    }
+}
+
 impl<E> tower::retry::Policy<Req, Res, E> for CloningPolicy {
     type Future = tokio::time::Sleep;
 
@@ -184,6 +191,16 @@ impl<E> tower::retry::Policy<Req, Res, E> for CloningPolicy {
 pub struct BudgetPolicy {
     budget: Arc<tower::retry::budget::TpsBudget>,
     attempts_left: u32,
+}
+
+impl BudgetPolicy {
+    /// Retries up to `attempts_left` times, while `budget` allows.
+    pub fn new(budget: Arc<tower::retry::budget::TpsBudget>, attempts_left: u32) -> Self {
+        BudgetPolicy {
+            budget,
+            attempts_left,
+        }
+    }
 }
 
 impl<E> tower::retry::Policy<Req, Res, E> for BudgetPolicy {
@@ -291,19 +308,13 @@ where
 
     visitor.visit(
         "tower_retry",
-        tower::retry::Retry::new(CloningPolicy { attempts_left: 3 }, downstream.clone()),
+        tower::retry::Retry::new(CloningPolicy::new(3), downstream.clone()),
     );
 
     let budget = tower::retry::budget::TpsBudget::new(Duration::from_secs(10), 10, 0.2);
     visitor.visit(
         "tower_retry+tps_budget",
-        tower::retry::Retry::new(
-            BudgetPolicy {
-                budget: Arc::new(budget),
-                attempts_left: 3,
-            },
-            downstream.clone(),
-        ),
+        tower::retry::Retry::new(BudgetPolicy::new(Arc::new(budget), 3), downstream.clone()),
     );
 
     // Hedges once 10 latencies are recorded, at their 90th percentile; the echo answers on
