@@ -85,7 +85,9 @@ impl HedgeBudget {
 impl Default for HedgeBudget {
     /// 5 % of the calls over a 10 s window, and 2 hedges per second: a client that sends a
     /// few calls in 10 s may hedge each of them as A6 says (20 hedges, enough for four
-    /// calls of 5 attempts that all go slow), while sustained slowness adds about 5 %.
+    /// calls of 5 attempts that all go slow), while sustained slowness adds 5 % of the calls
+    /// and 2 hedges per second (400 calls, 16 at a time, against a backend that answers every
+    /// call after 100 ms: 40 hedges, +10 %).
     fn default() -> HedgeBudget {
         HedgeBudget::new(Duration::from_secs(10), 2, 0.05).expect("valid default budget")
     }
