@@ -20,7 +20,7 @@ use crate::backoff::{Exponential, Jitter};
 use crate::classify::{Code, GrpcCodes};
 use crate::policy::{HedgePolicy, RetryPolicy, ThrottleHandle};
 use crate::pushback::Pushback;
-use crate::throttle::{HedgeBudget, Throttle};
+use crate::throttle::{HedgeBudget, RetryThrottle, Throttle};
 
 /// The body's one choice of a reader, made by itself or claimed by the engine.
 struct Body {
@@ -118,7 +118,9 @@ struct Setup {
     hedging_delay: u64,
     body: u8,
     deadline: Option<u64>,
-    throttle: bool,
+    /// An A6 bucket (4 tokens, 0.5 per success), and the failures it took before the call
+    /// (2 leave it at half: it refuses every retry and hedge from the start).
+    throttle: Option<u32>,
     may_repeat: bool,
     per_attempt_timeout: Option<u64>,
     wait_for_ready: bool,
@@ -133,7 +135,7 @@ fn setups() -> impl Strategy<Value = Setup> {
         0u64..200,
         0u8..3,
         proptest::option::of(50u64..3000),
-        any::<bool>(),
+        proptest::option::of(0u32..3),
         prop_oneof![4 => Just(true), 1 => Just(false)],
         proptest::option::weighted(0.2, 20u64..300),
         any::<bool>(),
@@ -209,9 +211,11 @@ fn engine_for(setup: &Setup, start: Instant, budget: Option<&HedgeBudget>) -> En
     } else {
         setup.max_attempts
     };
-    let throttle = setup
-        .throttle
-        .then(|| Arc::new(Throttle::new(4, 0.5).unwrap()) as ThrottleHandle);
+    let throttle = setup.throttle.map(|failures| {
+        let throttle = Throttle::new(4, 0.5).unwrap();
+        (0..failures).for_each(|_| throttle.on_failure());
+        Arc::new(throttle) as ThrottleHandle
+    });
     let rules = Rules {
         mode,
         max_attempts,
