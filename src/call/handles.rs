@@ -15,7 +15,7 @@ use std::sync::Arc;
 use http::Request;
 
 use super::Shared;
-use crate::policy::{MethodPolicy, Policies, ThrottleHandle};
+use crate::policy::{HedgePolicy, MethodPolicy, Policies, RetryPolicy, ThrottleHandle};
 
 /// The handles one clone of a layer's service owns (see [the module docs](self)). Cloning
 /// gives an empty set: the clone makes its own at its first call.
@@ -47,11 +47,7 @@ impl<S> Handles<S> {
         };
         // The table outlives this clone (the service holds it), so an address names one
         // policy for as long as the copy is kept.
-        self.policies.entry(key).or_insert_with(|| match policy {
-            MethodPolicy::Retry(retry) => MethodPolicy::Retry(Arc::new(retry.as_ref().clone())),
-            MethodPolicy::Hedge(hedge) => MethodPolicy::Hedge(Arc::new(hedge.as_ref().clone())),
-            other => other.clone(),
-        })
+        self.policies.entry(key).or_insert_with(|| own_copy(policy))
     }
 
     /// The throttle of `request`'s call: this clone's handle on the table's shared one, or
@@ -83,6 +79,15 @@ impl<S> Handles<S> {
         }
         self.by_authority.push((authority.into(), Arc::clone(&own)));
         Some(own)
+    }
+}
+
+/// `policy` behind reference counts of its own; what it shares, the copy still shares.
+fn own_copy(policy: &MethodPolicy) -> MethodPolicy {
+    match policy {
+        MethodPolicy::Retry(retry) => MethodPolicy::Retry(Arc::new(RetryPolicy::clone(retry))),
+        MethodPolicy::Hedge(hedge) => MethodPolicy::Hedge(Arc::new(HedgePolicy::clone(hedge))),
+        other => other.clone(),
     }
 }
 
@@ -118,7 +123,6 @@ impl<S> fmt::Debug for Handles<S> {
 mod tests {
     use super::*;
     use crate::classify::{Code, GrpcCodes};
-    use crate::policy::RetryPolicy;
     use crate::throttle::{RetryThrottle, Throttle, ThrottleState};
 
     fn retry_table() -> Policies {
