@@ -24,6 +24,7 @@
 //! | `tower_retry` | `tower::retry::Retry` with the other benchmarks' policy (`benches/support`): clones the request, would retry a 5xx (none comes) |
 //! | `tower_retry+tps_budget` | the same with a shared `TpsBudget::new(10 s, 10, 0.2)`: every answer deposits, a 5xx would withdraw |
 //! | `retry` | `RetryLayer`, a `RetryPolicy` for the method (4 attempts, `UNAVAILABLE` retryable) |
+//! | `retry+route` | `retry`'s policy on an HTTP route (`Route::prefix("/bench.Echo")`) rather than on the gRPC method: statistics and metrics are kept under the route's name |
 //! | `retry+throttle` | the same with gRFC A6's throttle, `Throttle::new(10, 0.1)` |
 //! | `retry+retry_budget` | the same with `RetryBudget::new(10 s, 10, 0.2)` as the throttle |
 //! | `retry+adaptive_throttle` | the same with `AdaptiveThrottle::default()` (10 s, k = 2) as the throttle |
@@ -91,8 +92,9 @@
 //! | `SCALING_WORK_US` | `0,5` | the service's busy work per call, in µs, comma-separated |
 //! | `SCALING_SLICE_MS` | `300` | the measured slice of each measurement, in ms |
 //! | `SCALING_ROUNDS` | `5` | rounds |
+//! | `SCALING_CONFIGS` | all | the configurations to measure besides bare, by name, comma-separated |
 //!
-//! The default run (11 configurations × 2 works × 2 thread counts × 5 rounds × 0.35 s) takes
+//! The default run (12 configurations × 2 works × 2 thread counts × 5 rounds × 0.35 s) takes
 //! about 80 s.
 //!
 //! On a machine with more cores but no toolchain, build here and carry the binary:
@@ -120,7 +122,7 @@ use tower::{Layer, Service, ServiceExt};
 use tower_retry_hedge::backoff::Exponential;
 use tower_retry_hedge::classify::{Code, GrpcCodes};
 use tower_retry_hedge::latency::AdaptiveDelay;
-use tower_retry_hedge::policy::{HedgePolicyBuilder, PoliciesBuilder};
+use tower_retry_hedge::policy::{HedgePolicyBuilder, PoliciesBuilder, Route};
 use tower_retry_hedge::throttle::{AdaptiveThrottle, HedgeBudget, RetryBudget};
 use tower_retry_hedge::{HedgeLayer, HedgePolicy, Policies, RetryLayer, RetryPolicy, Throttle};
 
@@ -158,6 +160,8 @@ struct Params {
     works: Vec<Duration>,
     slice: Duration,
     rounds: usize,
+    /// The configurations measured, in table order; bare always, first.
+    configs: Vec<Config>,
 }
 
 impl Params {
@@ -179,11 +183,27 @@ impl Params {
             !slice.is_zero() && rounds > 0,
             "SCALING_SLICE_MS and SCALING_ROUNDS must be positive"
         );
+        let configs = match std::env::var("SCALING_CONFIGS") {
+            Ok(names) => {
+                let names: Vec<&str> = names.split(',').map(str::trim).collect();
+                for name in &names {
+                    assert!(
+                        Config::ALL.iter().any(|c| c.name() == *name),
+                        "SCALING_CONFIGS: no configuration is named {name:?}"
+                    );
+                }
+                (Config::ALL.into_iter())
+                    .filter(|c| matches!(c, Config::Bare) || names.contains(&c.name()))
+                    .collect()
+            }
+            Err(_) => Config::ALL.to_vec(),
+        };
         Params {
             threads,
             works,
             slice,
             rounds,
+            configs,
         }
     }
 }
@@ -255,12 +275,13 @@ fn request() -> Req {
 // ---- the configurations -------------------------------------------------------------------
 
 /// The configurations, in table order; `Bare` is the baseline.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 enum Config {
     Bare,
     TowerRetry,
     TowerRetryTpsBudget,
     Retry,
+    RetryRoute,
     RetryThrottle,
     RetryBudget,
     RetryAdaptiveThrottle,
@@ -271,11 +292,12 @@ enum Config {
 }
 
 impl Config {
-    const ALL: [Config; 11] = [
+    const ALL: [Config; 12] = [
         Config::Bare,
         Config::TowerRetry,
         Config::TowerRetryTpsBudget,
         Config::Retry,
+        Config::RetryRoute,
         Config::RetryThrottle,
         Config::RetryBudget,
         Config::RetryAdaptiveThrottle,
@@ -291,6 +313,7 @@ impl Config {
             Config::TowerRetry => "tower_retry",
             Config::TowerRetryTpsBudget => "tower_retry+tps_budget",
             Config::Retry => "retry",
+            Config::RetryRoute => "retry+route",
             Config::RetryThrottle => "retry+throttle",
             Config::RetryBudget => "retry+retry_budget",
             Config::RetryAdaptiveThrottle => "retry+adaptive_throttle",
@@ -325,6 +348,11 @@ impl Config {
                 measure(runtime, service, tasks, slice)
             }
             Config::Retry => measure(runtime, retry(retry_policies()), tasks, slice),
+            Config::RetryRoute => {
+                let policies =
+                    Policies::builder().route(Route::prefix("/bench.Echo"), retry_policy());
+                measure(runtime, retry(policies), tasks, slice)
+            }
             Config::RetryThrottle => {
                 let throttle = Throttle::new(10, 0.1).expect("A6's example throttle");
                 let service = retry(retry_policies().throttle(throttle));
@@ -365,17 +393,21 @@ impl Config {
     }
 }
 
-/// A table with the retry policy for [`METHOD`]: 4 attempts, `UNAVAILABLE` retryable.
-fn retry_policies() -> PoliciesBuilder {
+/// The retry policy: 4 attempts, `UNAVAILABLE` retryable.
+fn retry_policy() -> RetryPolicy {
     let backoff = Exponential::grpc(Duration::from_millis(100), Duration::from_secs(1), 2.0)
         .expect("a valid backoff");
-    let policy = RetryPolicy::builder()
+    RetryPolicy::builder()
         .max_attempts(4)
         .backoff(backoff)
         .retryable(GrpcCodes::from([Code::Unavailable]))
         .build()
-        .expect("a valid retry policy");
-    Policies::builder().method(METHOD, policy)
+        .expect("a valid retry policy")
+}
+
+/// A table with the retry policy for [`METHOD`].
+fn retry_policies() -> PoliciesBuilder {
+    Policies::builder().method(METHOD, retry_policy())
 }
 
 /// The hedging policy: 3 attempts, 5 ms apart, `UNAVAILABLE` non-fatal.
@@ -593,7 +625,7 @@ fn print_tables(params: &Params, work: Duration, samples: &[Vec<Vec<Sample>>], c
         rule += "---:|";
     }
     println!("{header}\n{rule}");
-    for (c, config) in Config::ALL.iter().enumerate() {
+    for (c, config) in params.configs.iter().enumerate() {
         let mut row = format!("| {} |", config.name());
         for t in 0..params.threads.len() {
             row += &format!(" {} |", median_iqr(&ratios(t, c)));
@@ -642,7 +674,7 @@ fn print_tables(params: &Params, work: Duration, samples: &[Vec<Vec<Sample>>], c
         rule += "---:|---:|";
     }
     println!("{header}\n{rule}");
-    for (c, config) in Config::ALL.iter().enumerate() {
+    for (c, config) in params.configs.iter().enumerate() {
         let mut row = format!("| {} |", config.name());
         for (rates, samples) in rates.iter().zip(samples) {
             let cores: Vec<f64> = samples[c].iter().map(|s| s.cores_busy).collect();
@@ -688,7 +720,7 @@ fn main() {
         })
         .collect();
 
-    let n = Config::ALL.len();
+    let n = params.configs.len();
     // samples[work][threads][configuration][round]
     let mut samples = vec![
         vec![vec![Vec::with_capacity(params.rounds); n]; params.threads.len()];
@@ -707,7 +739,7 @@ fn main() {
                 );
                 for i in 0..n {
                     let c = (round + i) % n;
-                    let config = Config::ALL[c];
+                    let config = params.configs[c];
                     let sample =
                         config.measure(work, runtime, TASKS_PER_WORKER * threads, params.slice);
                     line += &format!(

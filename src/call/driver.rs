@@ -83,8 +83,12 @@ where
 {
     /// The statistics of the call's route or method, looked up when a retry is counted.
     fn method_stats(&self) -> Arc<MethodStats> {
-        let key = self.route.as_deref().unwrap_or(self.call.path());
-        self.shared.policies.stats().method(key)
+        let policies = &self.shared.policies;
+        let key = match self.route {
+            Some(route) => policies.route_name(route),
+            None => self.call.path(),
+        };
+        policies.stats().method(key)
     }
 
     /// Drops the later attempts `drop` picks: dropping an attempt's future cancels it.
@@ -122,9 +126,10 @@ where
     if let Some(counts) = state.engine.extra()
         && let Some(metrics) = state.shared.policies.metrics()
     {
-        let labels = state
-            .call
-            .labels(state.route.as_ref(), metrics.records_custom_label());
+        let route = state
+            .route
+            .map(|route| state.shared.policies.route_name(route));
+        let labels = state.call.labels(route, metrics.records_custom_label());
         metrics.record(&counts, &labels);
     }
 }
@@ -145,9 +150,9 @@ where
     shared: Arc<Shared<S>>,
     call: Call<B>,
     engine: Engine,
-    // The name of the route the call took, which its statistics are kept under (else its
-    // path).
-    route: Option<Arc<str>>,
+    // The route the call took (its place in the policy table), whose name its statistics are
+    // kept under (else its path).
+    route: Option<usize>,
     // The call's span and its attempts', if the call's span is enabled.
     spans: Option<Box<AttemptSpans>>,
 }
@@ -162,7 +167,7 @@ where
         shared: Arc<Shared<S>>,
         call: Call<B>,
         engine: Engine,
-        route: Option<Arc<str>>,
+        route: Option<usize>,
         span: tracing::Span,
     ) -> Box<Self> {
         Box::new(State {

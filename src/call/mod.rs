@@ -120,7 +120,7 @@ where
         // A budget's deposit: calls without a policy make no retries to pay for.
         throttle.on_call();
     }
-    let route = matched.and_then(|m| m.route.cloned());
+    let route = matched.and_then(|m| m.route);
     // Named for what the call does, whichever layer drives it.
     let span = match start.rules.mode {
         Mode::Retry(_) | Mode::Single => tracing::debug_span!(
@@ -147,7 +147,7 @@ fn drive<S, B>(
     shared: Arc<Shared<S>>,
     mut request: Request<B>,
     start: Start,
-    route: Option<Arc<str>>,
+    route: Option<usize>,
     span: tracing::Span,
 ) -> CallFuture<S, B>
 where

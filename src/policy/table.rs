@@ -104,7 +104,9 @@ type Names = HashMap<Box<str>, Option<MethodPolicy>, foldhash::fast::RandomState
 #[derive(Clone, Copy)]
 pub(crate) struct Matched<'a> {
     pub(crate) policy: &'a MethodPolicy,
-    pub(crate) route: Option<&'a Arc<str>>,
+    // The route's place in the table rather than a clone of its name: a clone per call would
+    // write the name's reference count, which every core's calls share.
+    pub(crate) route: Option<usize>,
 }
 
 struct Table {
@@ -177,6 +179,11 @@ impl Policies {
         self.lookup(request.method(), request.uri().path())
     }
 
+    /// The name of the route at `index` in the table, as [`matched`](Self::matched) gave it.
+    pub(crate) fn route_name(&self, index: usize) -> &Arc<str> {
+        &self.0.routes[index].0.name
+    }
+
     /// What a request with this method and path matches: a gRPC method, then its service
     /// (as gRPC service config looks names up), then HTTP routes in order, then the default.
     pub(crate) fn matched(&self, method: &Method, path: &str) -> Option<Matched<'_>> {
@@ -204,10 +211,15 @@ impl Policies {
                 route: None,
             });
         }
-        if let Some((route, policy)) = table.routes.iter().find(|(r, _)| r.matches(method, path)) {
+        if let Some((index, (_, policy))) = table
+            .routes
+            .iter()
+            .enumerate()
+            .find(|(_, (route, _))| route.matches(method, path))
+        {
             return Some(Matched {
                 policy,
-                route: Some(&route.name),
+                route: Some(index),
             });
         }
         table.default.as_ref().map(|policy| Matched {
