@@ -208,7 +208,9 @@ impl rand::RngCore for LazyRng {
 /// retry, or to send a hedge) clones the spare then; a call answered by its first attempt
 /// clones nothing. A clone per call would cost real services something: a tonic `Channel`
 /// clone allocates again for its first `poll_ready`.
+// Alone on its cache lines (see `handles`): every call writes its reference count.
 #[derive(Debug)]
+#[repr(align(128))]
 pub(crate) struct Shared<S> {
     spare: Mutex<S>,
     pub(crate) policies: Policies,

@@ -41,7 +41,11 @@ impl HedgeDelay {
 }
 
 /// How a method is hedged: gRFC A6's `hedgingPolicy`, and an adaptive delay beyond it.
+// Alone on its cache lines: each clone of a layer's service keeps a copy whose reference
+// count its calls write (`call/handles.rs`), and two clones' copies side by side would make
+// the cores running them fight over one line.
 #[derive(Clone)]
+#[repr(align(128))]
 pub struct HedgePolicy {
     pub(crate) max_attempts: u32,
     pub(crate) track_backends: bool,

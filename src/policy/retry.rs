@@ -43,7 +43,11 @@ pub enum RetryDecision {
 type RetryHook = Arc<dyn Fn(&RetryContext<'_>) -> RetryDecision + Send + Sync>;
 
 /// How a method is retried: gRFC A6's `retryPolicy`, and a few things beyond it.
+// Alone on its cache lines: each clone of a layer's service keeps a copy whose reference
+// count its calls write (`call/handles.rs`), and two clones' copies side by side would make
+// the cores running them fight over one line.
 #[derive(Clone)]
+#[repr(align(128))]
 pub struct RetryPolicy {
     pub(crate) max_attempts: u32,
     pub(crate) backoff: Arc<dyn Backoff>,
