@@ -1,10 +1,13 @@
 //! gRFC A6 retries and hedging for any [`tower_service::Service`] of `http::Request`s:
 //! tonic channels, hyper-util clients, and any tower stack.
 //!
-//! - [`RetryLayer`]: exponential backoff with jitter, retryable status codes, server pushback
-//!   (`grpc-retry-pushback-ms`, `Retry-After`), a deadline across attempts, the A6 retry
-//!   throttle, transparent retries, attempt metadata and statistics.
-//! - [`HedgeLayer`]: several copies of a request in flight, the first good answer wins;
+//! One layer, [`RetryLayer`] (also named [`HedgeLayer`]: the same type), drives every call by
+//! its method's policy:
+//!
+//! - a [`RetryPolicy`]: exponential backoff with jitter, retryable status codes, server
+//!   pushback (`grpc-retry-pushback-ms`, `Retry-After`), a deadline across attempts, the A6
+//!   retry throttle, transparent retries, attempt metadata and statistics;
+//! - a [`HedgePolicy`]: several copies of a request in flight, the first good answer wins;
 //!   non-fatal codes, pushback, throttle gating, a fixed or adaptive delay.
 //! - Request bodies are replayed from a record within buffer limits ([`body`]), so streaming
 //!   bodies (tonic's, hyper's) can be retried: the reason no Rust crate could retry a tonic
@@ -23,7 +26,7 @@
 //! # async fn example() -> Result<(), Box<dyn std::error::Error>> {
 //! use tower::ServiceBuilder;
 //! use tower_retry_hedge::config::ServiceConfig;
-//! use tower_retry_hedge::{HedgeLayer, RetryLayer};
+//! use tower_retry_hedge::RetryLayer;
 //!
 //! // The JSON a grpc-go client would be given.
 //! let policies = ServiceConfig::from_json(r#"{
@@ -39,10 +42,8 @@
 //! .policies();
 //!
 //! let channel = tonic::transport::Channel::from_static("http://127.0.0.1:50051").connect().await?;
-//! let svc = ServiceBuilder::new()
-//!     .layer(HedgeLayer::new(policies.clone()))
-//!     .layer(RetryLayer::new(policies))
-//!     .service(channel);
+//! // Retries and hedges alike: the layer drives each call by its method's policy.
+//! let svc = ServiceBuilder::new().layer(RetryLayer::new(policies)).service(channel);
 //! // let mut client = GreeterClient::new(svc);  // generated code, unchanged
 //! # let _ = svc;
 //! # Ok(())

@@ -1,5 +1,5 @@
-//! The future of a call through either layer: the inner service's own future for a call
-//! the layer passes through, or the driver of a call the engine runs.
+//! The response future of the layer: the inner service's own future for a call the layer
+//! passes through, or the driver of a call the engine runs.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -14,14 +14,27 @@ use crate::BoxError;
 use crate::body::Replay;
 
 pin_project! {
-    /// The future of a call through either layer.
-    #[project = CallFutureProj]
-    pub(crate) enum CallFuture<S, B>
+    /// The response future of [`Retry`](crate::Retry) (and so of
+    /// [`Hedge`](crate::Hedge), the same type).
+    pub struct ResponseFuture<S, B>
     where
         S: Service<Request<B>>,
         B: Replay,
     {
-        // A call this layer does not drive: the inner future as it is.
+        #[pin]
+        state: State<S, B>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<S, B>
+    where
+        S: Service<Request<B>>,
+        B: Replay,
+    {
+        // A call the layer does not drive (a layer above drives it, or nothing applies to
+        // it): the inner future as it is.
         Passthrough {
             #[pin]
             future: S::Future,
@@ -34,21 +47,25 @@ pin_project! {
     }
 }
 
-impl<S, B> CallFuture<S, B>
+impl<S, B> ResponseFuture<S, B>
 where
     S: Service<Request<B>>,
     B: Replay,
 {
     pub(crate) fn passthrough(future: S::Future) -> Self {
-        CallFuture::Passthrough { future }
+        ResponseFuture {
+            state: State::Passthrough { future },
+        }
     }
 
     pub(crate) fn driven(driver: Driver<S, B>) -> Self {
-        CallFuture::Driven { driver }
+        ResponseFuture {
+            state: State::Driven { driver },
+        }
     }
 }
 
-impl<S, B, RB> Future for CallFuture<S, B>
+impl<S, B, RB> Future for ResponseFuture<S, B>
 where
     S: Service<Request<B>, Response = Response<RB>> + Clone,
     S::Error: Into<BoxError>,
@@ -57,9 +74,19 @@ where
     type Output = Result<Response<RB>, BoxError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project() {
-            CallFutureProj::Passthrough { future } => future.poll(cx).map_err(Into::into),
-            CallFutureProj::Driven { driver } => driver.poll(cx),
+        match self.project().state.project() {
+            StateProj::Passthrough { future } => future.poll(cx).map_err(Into::into),
+            StateProj::Driven { driver } => driver.poll(cx),
         }
+    }
+}
+
+impl<S, B> std::fmt::Debug for ResponseFuture<S, B>
+where
+    S: Service<Request<B>>,
+    B: Replay,
+{
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResponseFuture").finish_non_exhaustive()
     }
 }

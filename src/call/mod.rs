@@ -13,7 +13,7 @@ use http::{HeaderValue, Request};
 use tokio::time::Instant;
 use tower_service::Service;
 
-pub(crate) use self::future::CallFuture;
+pub use self::future::ResponseFuture;
 pub(crate) use self::handles::Handles;
 use crate::body::{BufferLimits, Copies, Replay};
 use crate::engine::{
@@ -75,14 +75,14 @@ pub(crate) fn call<S, B>(
     handles: &mut Handles<S>,
     policies: &Policies,
     request: Request<B>,
-) -> CallFuture<S, B>
+) -> ResponseFuture<S, B>
 where
     S: Service<Request<B>> + Clone,
     B: Replay,
 {
     if SENDING.get() || request.extensions().get::<Driven>().is_some() {
         // A layer above drives the call: nothing to look up.
-        return CallFuture::passthrough(inner.call(request));
+        return ResponseFuture::passthrough(inner.call(request));
     }
     let matched = policies.matched(request.method(), request.uri().path());
     let table = TableFacts {
@@ -94,7 +94,7 @@ where
     };
     if engine::nothing_applies(matched.map(|m| m.policy), &table) {
         // Decided before the request's headers are read.
-        return CallFuture::passthrough(inner.call(request));
+        return ResponseFuture::passthrough(inner.call(request));
     }
     let facts = CallFacts {
         method: request.method(),
@@ -111,7 +111,7 @@ where
     let policy = matched.map(|m| handles.policy(m.policy));
     let plan = engine::plan(policy, &table, &facts, &read);
     let Plan::Drive(mut start) = plan else {
-        return CallFuture::passthrough(inner.call(request));
+        return ResponseFuture::passthrough(inner.call(request));
     };
     start.rules.throttle = handles.throttle(policies, &request);
     if start.has_policy
@@ -149,7 +149,7 @@ fn drive<S, B>(
     start: Start,
     route: Option<usize>,
     span: tracing::Span,
-) -> CallFuture<S, B>
+) -> ResponseFuture<S, B>
 where
     S: Service<Request<B>>,
     B: Replay,
@@ -171,7 +171,7 @@ where
     let (call, first, reader) = Call::start(request, limits, grpc, start.track_backends);
     let future = sending(|| inner.call(first));
     let body = call.body_kind();
-    CallFuture::driven(driver::Driver::new(
+    ResponseFuture::driven(driver::Driver::new(
         future,
         driver::State::new(
             shared,

@@ -1,11 +1,11 @@
 //! gRFC A6 hedging: several copies of a request in flight, the first good answer wins.
 //!
-//! [`Hedge`] looks up each request's policy in a [`Policies`] table and hands the call to
-//! the crate's one call engine, as [`Retry`](crate::Retry) does: a method with a
-//! [`RetryPolicy`](crate::RetryPolicy) is retried, one without a policy gets A6's
-//! transparent retries, whichever layer meets the call first (see
-//! [the retry module docs](crate::retry#stacking-both-layers)). For a method with a
-//! [`HedgePolicy`](crate::HedgePolicy):
+//! [`HedgeLayer`] is [`RetryLayer`] under the name hedging users reach for: one layer,
+//! which looks up each request's policy in a [`Policies`](crate::Policies) table and hands
+//! the call to the crate's one call engine. A method with a
+//! [`RetryPolicy`](crate::RetryPolicy) is retried, one without a policy gets A6's transparent
+//! retries (see [the retry module docs](crate::retry#one-layer-two-names)). For a method with
+//! a [`HedgePolicy`](crate::HedgePolicy):
 //!
 //! - Attempt 1 goes at once; another every hedging delay (zero: all at once), up to
 //!   `maxAttempts` (clamped to the client cap). With `maxAttempts` 4 and a 500 ms delay and no
@@ -44,7 +44,7 @@
 //! A hedge reserves nothing until it is sent: the future polls its own clone of the service
 //! ready only when a hedge is due, then calls it at once. The first attempt goes to the
 //! service that [`poll_ready`](tower_service::Service::poll_ready) made ready, which stays in
-//! `self` for the next call, as in [`Retry`](crate::Retry). The clone is taken, when the
+//! `self` for the next call, as in [`Retry`]. The clone is taken, when the
 //! first hedge is due, from a spare that the layer clones at its first call and shares with
 //! its calls: a call that sends no hedge clones nothing.
 //!
@@ -91,84 +91,21 @@
 //! # }
 //! ```
 
-mod layer;
+use crate::retry::{Retry, RetryLayer};
 
-use std::task::{Context, Poll};
+/// The layer of this crate under the name hedging users reach for: the same type as
+/// [`RetryLayer`], which drives every call by its method's policy, hedged or retried.
+///
+/// ```
+/// use tower_retry_hedge::{HedgeLayer, Policies, RetryLayer};
+///
+/// let layer: RetryLayer = HedgeLayer::new(Policies::builder().build());
+/// # let _ = layer;
+/// ```
+pub type HedgeLayer = RetryLayer;
 
-use http::{Request, Response};
-use tower_service::Service;
+/// The service of [`HedgeLayer`]: the same type as [`Retry`], which hedges a call whose
+/// method has a [`HedgePolicy`](crate::HedgePolicy) (see [the module docs](self)).
+pub type Hedge<S> = Retry<S>;
 
-pub use self::layer::HedgeLayer;
-use crate::BoxError;
-use crate::body::Replay;
-use crate::call::Handles;
-use crate::policy::Policies;
 pub use crate::retry::ResponseFuture;
-
-/// Hedges requests by their method's [`HedgePolicy`](crate::HedgePolicy): see
-/// [the module docs](self).
-#[derive(Debug, Clone)]
-pub struct Hedge<S> {
-    inner: S,
-    // This clone's own, made at its first hedged call (a clone starts with none): a spare
-    // clone of `inner`, which calls clone again only when they send a hedge, and the
-    // references its calls take, on handles no other clone writes.
-    handles: Handles<S>,
-    policies: Policies,
-}
-
-impl<S> Hedge<S> {
-    /// Wraps `inner`.
-    pub fn new(inner: S, policies: Policies) -> Hedge<S> {
-        Hedge {
-            inner,
-            handles: Handles::default(),
-            policies,
-        }
-    }
-
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The inner service, mutably. Hedges are sent on clones of the spare taken at the first
-    /// call (see [the module docs](self)), which a change made here does not reach.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// The inner service.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
-
-    /// The policy table.
-    pub fn policies(&self) -> &Policies {
-        &self.policies
-    }
-}
-
-impl<S, B, RB> Service<Request<B>> for Hedge<S>
-where
-    S: Service<Request<B>, Response = Response<RB>> + Clone,
-    S::Error: Into<BoxError>,
-    B: Replay,
-{
-    type Response = Response<RB>;
-    type Error = BoxError;
-    type Future = ResponseFuture<S, B>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
-        self.inner.poll_ready(cx).map_err(Into::into)
-    }
-
-    fn call(&mut self, request: Request<B>) -> Self::Future {
-        ResponseFuture::new(crate::call::call(
-            &mut self.inner,
-            &mut self.handles,
-            &self.policies,
-            request,
-        ))
-    }
-}

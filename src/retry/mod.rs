@@ -56,11 +56,13 @@
 //! Non-idempotent HTTP requests (`POST`, `PATCH`, …) are not retried after a response or an
 //! ambiguous error unless the policy opts in; gRPC requests are not gated.
 //!
-//! # Stacking both layers
+//! # One layer, two names
 //!
-//! Either layer drives every call it meets first, by the call's own policy, and a layer of
-//! this crate below passes its attempts through. So `HedgeLayer` over `RetryLayer` (as the
-//! README shows) and either layer alone behave the same, and no call is retried twice.
+//! [`HedgeLayer`](crate::HedgeLayer) and [`Hedge`](crate::Hedge) are this module's
+//! [`RetryLayer`] and [`Retry`] under the names hedging users reach for: one type, which
+//! drives every call by its method's policy, retried or hedged. One layer is all a stack
+//! needs. Stacking two is harmless: the layer that meets a call first drives it, and a layer
+//! of this crate below passes its attempts through, so no call is driven twice.
 //!
 //! A layer below knows a call's first attempt is driven while the layer above calls it (a
 //! thread-local flag, so that marking the request costs nothing); later attempts also carry
@@ -163,7 +165,6 @@
 //!
 //! [`DeadlineExceeded`]: crate::error::DeadlineExceeded
 
-mod future;
 mod layer;
 
 use std::task::{Context, Poll};
@@ -171,15 +172,16 @@ use std::task::{Context, Poll};
 use http::{Request, Response};
 use tower_service::Service;
 
-pub use self::future::ResponseFuture;
+pub use crate::call::ResponseFuture;
 pub use self::layer::RetryLayer;
 use crate::BoxError;
 use crate::body::Replay;
 use crate::call::Handles;
 use crate::policy::Policies;
 
-/// Retries requests by their method's [`RetryPolicy`](crate::RetryPolicy): see
-/// [the module docs](self).
+/// Retries or hedges requests by their method's [`RetryPolicy`](crate::RetryPolicy) or
+/// [`HedgePolicy`](crate::HedgePolicy): see [the module docs](self) and
+/// [`hedge`](crate::hedge)'s. [`Hedge`](crate::Hedge) is this type.
 #[derive(Debug, Clone)]
 pub struct Retry<S> {
     inner: S,
@@ -238,11 +240,6 @@ where
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
-        ResponseFuture::new(crate::call::call(
-            &mut self.inner,
-            &mut self.handles,
-            &self.policies,
-            request,
-        ))
+        crate::call::call(&mut self.inner, &mut self.handles, &self.policies, request)
     }
 }
