@@ -172,11 +172,11 @@ use std::task::{Context, Poll};
 use http::{Request, Response};
 use tower_service::Service;
 
-pub use crate::call::ResponseFuture;
 pub use self::layer::RetryLayer;
 use crate::BoxError;
 use crate::body::Replay;
 use crate::call::Handles;
+pub use crate::call::ResponseFuture;
 use crate::policy::Policies;
 
 /// Retries or hedges requests by their method's [`RetryPolicy`](crate::RetryPolicy) or
