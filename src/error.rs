@@ -1,8 +1,12 @@
 //! Errors the layers make themselves. Errors of the inner service pass through unchanged
-//! (boxed as [`BoxError`](crate::BoxError), so they can be downcast).
+//! (boxed as [`BoxError`], so they can be downcast).
 
 use crate::metadata::Attempts;
 use std::fmt;
+
+/// The boxed error the layers return: the inner service's error, unchanged inside the box,
+/// or one of the layers' own errors (this module's).
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The call's deadline passed before an attempt succeeded.
 ///
@@ -71,12 +75,15 @@ impl std::error::Error for AttemptTimedOut {}
 /// ```
 #[derive(Debug)]
 pub struct Attempted {
-    error: crate::BoxError,
+    error: BoxError,
     attempts: crate::metadata::Attempts,
 }
 
 impl Attempted {
-    pub(crate) fn new(error: crate::BoxError, attempts: crate::metadata::Attempts) -> Attempted {
+    pub(crate) fn new(
+        error: BoxError,
+        attempts: crate::metadata::Attempts,
+    ) -> Attempted {
         Attempted { error, attempts }
     }
 
@@ -91,7 +98,7 @@ impl Attempted {
     }
 
     /// The last error, as the inner service (or the layer) gave it.
-    pub fn into_inner(self) -> crate::BoxError {
+    pub fn into_inner(self) -> BoxError {
         self.error
     }
 }
@@ -106,7 +113,9 @@ impl Attempted {
 /// let error: tower_retry_hedge::BoxError = std::io::Error::other("reset").into();
 /// assert!(last_error(&error).is::<std::io::Error>());
 /// ```
-pub fn last_error(error: &crate::BoxError) -> &(dyn std::error::Error + Send + Sync + 'static) {
+pub fn last_error(
+    error: &BoxError,
+) -> &(dyn std::error::Error + Send + Sync + 'static) {
     match find_attempted(&**error) {
         Some(attempted) => attempted.get_ref(),
         None => &**error,
@@ -144,7 +153,7 @@ impl std::error::Error for Attempted {
 
 /// The error for a call whose deadline passed: a gRPC `DEADLINE_EXCEEDED` status for gRPC
 /// requests when tonic is available, else [`DeadlineExceeded`].
-pub(crate) fn deadline_exceeded(grpc: bool) -> crate::BoxError {
+pub(crate) fn deadline_exceeded(grpc: bool) -> BoxError {
     #[cfg(feature = "tonic")]
     if grpc {
         return Box::new(tonic::Status::deadline_exceeded(
@@ -158,7 +167,7 @@ pub(crate) fn deadline_exceeded(grpc: bool) -> crate::BoxError {
 /// The error for a call whose last attempt hit the per-attempt timeout: a gRPC
 /// `DEADLINE_EXCEEDED` status (with [`AttemptTimedOut`] as its source) for gRPC requests when
 /// tonic is available, else [`AttemptTimedOut`].
-pub(crate) fn attempt_timed_out(grpc: bool) -> crate::BoxError {
+pub(crate) fn attempt_timed_out(grpc: bool) -> BoxError {
     #[cfg(feature = "tonic")]
     if grpc {
         let mut status = tonic::Status::deadline_exceeded("attempt timed out");

@@ -144,11 +144,8 @@ mod window;
 
 pub use body::BufferLimits;
 pub use config::ServiceConfig;
+pub use error::BoxError;
 pub use hedge::{Hedge, HedgeLayer};
 pub use policy::{HedgePolicy, MethodPolicy, Policies, RetryPolicy};
 pub use retry::{Retry, RetryLayer};
 pub use throttle::Throttle;
-
-/// The boxed error the layers return: the inner service's error, unchanged inside the box,
-/// or one of the layers' own [`error`]s.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

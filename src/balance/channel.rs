@@ -21,7 +21,7 @@ use tower::load::{CompleteOnResponse, PendingRequests};
 use tower_service::Service;
 
 use super::{Balance, OutlierDetection, Outliers, ResponseBody, ResponseFuture};
-use crate::BoxError;
+use crate::error::BoxError;
 
 /// The requests of tonic's generated clients.
 type Request = http::Request<Body>;

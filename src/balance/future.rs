@@ -8,7 +8,7 @@ use std::task::{Context, Poll};
 
 use super::ResponseBody;
 use super::health::{Head, Health, Verdict, classify_head};
-use crate::BoxError;
+use crate::error::BoxError;
 
 /// The balancer was called while no endpoint was ready: `call` without a `poll_ready` that
 /// returned ready first, which the `Service` contract rules out.

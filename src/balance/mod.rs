@@ -293,7 +293,7 @@ use tower::load::Load;
 use tower::ready_cache::ReadyCache;
 use tower_service::Service;
 
-use crate::BoxError;
+use crate::error::BoxError;
 use crate::metadata::{AttemptInfo, BackendId, TriedBackends};
 use detector::Detector;
 use health::Health;

@@ -141,7 +141,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::task::{Context, Poll, Waker};
 use wake::Waiters;
 
-pub use crate::BoxError;
+pub use crate::error::BoxError;
 
 /// A request body that can be sent more than once.
 ///

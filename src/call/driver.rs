@@ -14,10 +14,10 @@ use tower_service::Service;
 
 use super::marks::{finish, no_result};
 use super::{Call, LazyRng, Shared};
-use crate::BoxError;
 use crate::body::Replay;
 use crate::classify::AttemptResult;
 use crate::engine::{Action, Admission, AttemptId, End, Engine, Inputs, Send, Verdict};
+use crate::error::BoxError;
 use crate::error::{attempt_timed_out, deadline_exceeded};
 use crate::stats::MethodStats;
 use crate::telemetry::{AttemptFields, AttemptSpans};

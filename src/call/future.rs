@@ -10,8 +10,8 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use super::driver::Driver;
-use crate::BoxError;
 use crate::body::Replay;
+use crate::error::BoxError;
 
 pin_project! {
     /// The response future of [`Retry`](crate::Retry) (and so of

@@ -2,9 +2,9 @@
 
 use http::Response;
 
-use crate::BoxError;
 use crate::engine::Marks;
 use crate::error::Attempted;
+use crate::error::BoxError;
 use crate::metadata::{Attempts, GRPC_PREVIOUS_RPC_ATTEMPTS_NAME};
 
 /// The call's result. A response of a call that made more than one attempt carries an

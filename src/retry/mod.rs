@@ -173,10 +173,10 @@ use http::{Request, Response};
 use tower_service::Service;
 
 pub use self::layer::RetryLayer;
-use crate::BoxError;
 use crate::body::Replay;
 use crate::call::Handles;
 pub use crate::call::ResponseFuture;
+use crate::error::BoxError;
 use crate::policy::Policies;
 
 /// Retries or hedges requests by their method's [`RetryPolicy`](crate::RetryPolicy) or
