@@ -80,10 +80,7 @@ pub struct Attempted {
 }
 
 impl Attempted {
-    pub(crate) fn new(
-        error: BoxError,
-        attempts: crate::metadata::Attempts,
-    ) -> Attempted {
+    pub(crate) fn new(error: BoxError, attempts: crate::metadata::Attempts) -> Attempted {
         Attempted { error, attempts }
     }
 
@@ -113,9 +110,7 @@ impl Attempted {
 /// let error: tower_retry_hedge::BoxError = std::io::Error::other("reset").into();
 /// assert!(last_error(&error).is::<std::io::Error>());
 /// ```
-pub fn last_error(
-    error: &BoxError,
-) -> &(dyn std::error::Error + Send + Sync + 'static) {
+pub fn last_error(error: &BoxError) -> &(dyn std::error::Error + Send + Sync + 'static) {
     match find_attempted(&**error) {
         Some(attempted) => attempted.get_ref(),
         None => &**error,
