@@ -67,8 +67,8 @@ impl<S> Handles<S> {
         request: &Request<B>,
     ) -> Option<ThrottleHandle> {
         if let Some(shared) = policies.shared_throttle() {
-            // The same bucket behind a reference count of this clone's own (`Arc<T>` is a
-            // throttle that forwards to `T`).
+            // The same bucket behind a reference count of this clone's own (`Padded`
+            // forwards to it).
             let own = self
                 .throttle
                 .get_or_insert_with(|| Arc::new(Padded(Arc::clone(shared))));
@@ -90,7 +90,6 @@ impl<S> Handles<S> {
     }
 }
 
-/// `policy` behind reference counts of its own; what it shares, the copy still shares.
 /// A throttle handle alone on its cache lines, forwarding to the throttle it holds.
 #[derive(Debug)]
 #[repr(align(128))]
@@ -122,6 +121,7 @@ impl RetryThrottle for Padded {
     }
 }
 
+/// `policy` behind reference counts of its own; what it shares, the copy still shares.
 fn own_copy(policy: &MethodPolicy) -> MethodPolicy {
     match policy {
         MethodPolicy::Retry(retry) => MethodPolicy::Retry(Arc::new(RetryPolicy::clone(retry))),

@@ -3,14 +3,17 @@ use tower_layer::Layer;
 use super::Retry;
 use crate::policy::Policies;
 
-/// Applies gRFC A6 retries to a service: see [the module docs](crate::retry).
+/// Applies gRFC A6 retries and hedging to a service, each call by its method's policy: see
+/// [the module docs](crate::retry). [`HedgeLayer`](crate::HedgeLayer) is this type.
 #[derive(Debug, Clone)]
 pub struct RetryLayer {
     policies: Policies,
 }
 
 impl RetryLayer {
-    /// A layer that retries the methods that `policies` gives a [`RetryPolicy`](crate::RetryPolicy).
+    /// A layer that retries the methods that `policies` gives a
+    /// [`RetryPolicy`](crate::RetryPolicy) and hedges those it gives a
+    /// [`HedgePolicy`](crate::HedgePolicy).
     pub fn new(policies: Policies) -> RetryLayer {
         RetryLayer { policies }
     }
