@@ -103,7 +103,10 @@ use tower_retry_hedge::{Policies, RetryLayer, RetryPolicy, Throttle};
 
 #[path = "support/clock.rs"]
 mod clock;
+#[path = "support/summary.rs"]
+mod summary;
 use clock::Clock;
+use summary::{median_iqr, quantile};
 
 const WARM_UP: usize = 1_000;
 const PAYLOAD: [u8; 64] = [b'x'; 64];
@@ -200,29 +203,6 @@ async fn measure<C: Caller>(caller: C, requests: usize) -> Sample {
         process_cpu_us: process * per_request,
         thread_cpu_us: thread * per_request,
     }
-}
-
-/// The `q` quantile (0 to 1) of `values`, interpolated between the two nearest order
-/// statistics; NaN for no values.
-fn quantile(values: &[f64], q: f64) -> f64 {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let position = q * (sorted.len() - 1) as f64;
-    let (below, above) = (position.floor() as usize, position.ceil() as usize);
-    sorted[below] + (sorted[above] - sorted[below]) * (position - below as f64)
-}
-
-/// "median (p25–p75)" of `values`.
-fn median_iqr(values: &[f64]) -> String {
-    format!(
-        "{:.3} ({:.3}–{:.3})",
-        quantile(values, 0.5),
-        quantile(values, 0.25),
-        quantile(values, 0.75)
-    )
 }
 
 /// Measures every configuration of a pair once per round, in rotating order, with `measure`

@@ -129,6 +129,7 @@ use tower_retry_hedge::{HedgeLayer, HedgePolicy, Policies, RetryLayer, RetryPoli
 // The request and response types, and the `tower::retry` policies of the other benchmarks.
 mod support;
 use support::clock::Clock;
+use support::summary::{median_iqr, quantile};
 use support::{BudgetPolicy, CloningPolicy, Req, Res};
 
 /// The method the policies name, and the path every request goes to.
@@ -533,29 +534,6 @@ where
 }
 
 // ---- statistics and output ----------------------------------------------------------------
-
-/// The `q` quantile (0 to 1) of `values`, interpolated between the two nearest order
-/// statistics; NaN for no values.
-fn quantile(values: &[f64], q: f64) -> f64 {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let position = q * (sorted.len() - 1) as f64;
-    let (below, above) = (position.floor() as usize, position.ceil() as usize);
-    sorted[below] + (sorted[above] - sorted[below]) * (position - below as f64)
-}
-
-/// "median (p25–p75)" of `values`.
-fn median_iqr(values: &[f64]) -> String {
-    format!(
-        "{:.3} ({:.3}–{:.3})",
-        quantile(values, 0.5),
-        quantile(values, 0.25),
-        quantile(values, 0.75)
-    )
-}
 
 /// "1 thread", "4 threads".
 fn threads_label(threads: usize) -> String {

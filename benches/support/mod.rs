@@ -12,6 +12,7 @@
 pub mod clock;
 pub mod counting;
 pub mod streaming;
+pub mod summary;
 
 use std::convert::Infallible;
 use std::future::{Future, Ready, ready};
