@@ -233,6 +233,21 @@ impl EchoPeer {
     }
 }
 
+/// A table hedging every call of the echo service, 3 attempts `delay` apart (`UNAVAILABLE`
+/// non-fatal), with the record of tried backends that the balancer reads.
+fn hedged_and_tracked(delay: Duration) -> Policies {
+    let policy = HedgePolicy::builder()
+        .max_attempts(3)
+        .delay(delay)
+        .non_fatal(GrpcCodes::from([Code::Unavailable]))
+        .build()
+        .expect("valid policy");
+    Policies::builder()
+        .service(SERVICE, policy)
+        .track_backends(true)
+        .build()
+}
+
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
@@ -385,16 +400,7 @@ async fn hedges_never_go_to_the_backend_their_call_tried() {
         EchoPeer::spawn(Behaviour::Ok).await,
         EchoPeer::spawn(Behaviour::Ok).await,
     ];
-    let policy = HedgePolicy::builder()
-        .max_attempts(3)
-        .delay(ms(20))
-        .non_fatal(GrpcCodes::from([Code::Unavailable]))
-        .build()
-        .expect("valid policy");
-    let policies = Policies::builder()
-        .service(SERVICE, policy)
-        .track_backends(true)
-        .build();
+    let policies = hedged_and_tracked(ms(20));
     let channel = BalancedChannel::balance_list(servers.each_ref().map(EchoPeer::endpoint));
     let client = EchoClient::new(HedgeLayer::new(policies).layer(channel));
     // A few calls at a time: with more, the calls queue for the two cores of a debug build,

@@ -25,14 +25,13 @@ use std::sync::{Arc, Mutex, PoisonError};
 use tokio::task::JoinSet;
 use tower::Layer;
 use tower::util::MapRequestLayer;
+use tower_retry_hedge::HedgeLayer;
 use tower_retry_hedge::balance::BalancedChannel;
-use tower_retry_hedge::classify::{Code, GrpcCodes};
 use tower_retry_hedge::metadata::{AttemptInfo, BackendId, TriedBackends};
-use tower_retry_hedge::{HedgeLayer, HedgePolicy, Policies};
 
 use super::common::pb::EchoRequest;
 use super::common::pb::echo_client::EchoClient;
-use super::{Behaviour, EchoPeer, SERVICE, guard, ms};
+use super::{Behaviour, EchoPeer, guard, hedged_and_tracked, ms};
 
 /// The calls of a burst, all sent at once.
 const CALLS: u32 = 300;
@@ -69,16 +68,7 @@ type Attempts = Vec<(Option<usize>, bool)>;
 /// Sends `CALLS` hedged calls at once, numbered from `first`, through a fresh channel over
 /// `servers`; gives each call's attempts and how many calls failed.
 async fn burst(servers: &[EchoPeer; 3], first: u32) -> (Vec<Attempts>, usize) {
-    let policy = HedgePolicy::builder()
-        .max_attempts(3)
-        .delay(ms(5))
-        .non_fatal(GrpcCodes::from([Code::Unavailable]))
-        .build()
-        .expect("valid policy");
-    let policies = Policies::builder()
-        .service(SERVICE, policy)
-        .track_backends(true)
-        .build();
+    let policies = hedged_and_tracked(ms(5));
     let channel = BalancedChannel::balance_list(servers.each_ref().map(EchoPeer::endpoint));
     let noted = MapRequestLayer::new(Kinds::note).layer(channel);
     let client = EchoClient::new(HedgeLayer::new(policies).layer(noted));
