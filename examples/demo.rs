@@ -43,7 +43,7 @@ use tower::{Service, ServiceBuilder};
 use tower_retry_hedge::backoff::Jitter;
 use tower_retry_hedge::config::ServiceConfig;
 use tower_retry_hedge::metadata::{AttemptInfo, Attempts};
-use tower_retry_hedge::stats::HISTOGRAM_BOUNDS;
+use tower_retry_hedge::stats::MethodSnapshot;
 use tower_retry_hedge::telemetry::RetryMetrics;
 use tower_retry_hedge::{HedgeLayer, RetryLayer, Throttle};
 use tracing::span::Record;
@@ -357,7 +357,10 @@ async fn run_client(
     }
 
     println!("── statistics (gRFC A6: retry attempts, failed retries, k-th retry histogram)");
-    let buckets: Vec<String> = HISTOGRAM_BOUNDS.iter().map(|b| format!(">={b}")).collect();
+    let buckets: Vec<String> = MethodSnapshot::HISTOGRAM_BOUNDS
+        .iter()
+        .map(|b| format!(">={b}"))
+        .collect();
     for (method, stats) in policies.stats().snapshot().methods {
         let histogram: Vec<String> = buckets
             .iter()

@@ -39,7 +39,7 @@ use tonic::{Code, Request, Response, Status, Streaming};
 use tower::ServiceBuilder;
 use tower_retry_hedge::backoff::Jitter;
 use tower_retry_hedge::config::ServiceConfig;
-use tower_retry_hedge::metadata::{Attempts, GRPC_PREVIOUS_RPC_ATTEMPTS};
+use tower_retry_hedge::metadata::Attempts;
 use tower_retry_hedge::throttle::Throttle;
 use tower_retry_hedge::{HedgeLayer, RetryLayer};
 
@@ -138,7 +138,7 @@ impl Flaky {
 #[tonic::async_trait]
 impl Echo for Flaky {
     async fn unary(&self, request: Request<EchoRequest>) -> Result<Response<EchoReply>, Status> {
-        let previous = header(request.metadata(), GRPC_PREVIOUS_RPC_ATTEMPTS);
+        let previous = header(request.metadata(), "grpc-previous-rpc-attempts");
         let request = request.into_inner();
         let (attempt, answer) = self.answer(request.call);
         let refill = usize::try_from(request.call)
@@ -189,7 +189,7 @@ fn header(metadata: &MetadataMap, name: &str) -> Option<String> {
 /// extension, else `grpc-previous-rpc-attempts` + 1 (absent after a single attempt).
 fn attempts_of(result: &Result<Response<EchoReply>, Status>) -> u32 {
     let from_metadata = |metadata: &MetadataMap| {
-        header(metadata, GRPC_PREVIOUS_RPC_ATTEMPTS)
+        header(metadata, "grpc-previous-rpc-attempts")
             .and_then(|previous| previous.parse::<u32>().ok())
             .map_or(1, |previous| previous.saturating_add(1))
     };

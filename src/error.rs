@@ -8,6 +8,51 @@ use std::fmt;
 /// or one of the layers' own errors (this module's).
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// A setting given in code that breaks a rule, from the builders and constructors of
+/// policies, budgets, throttles and the adaptive delay: it names the setting and the rule.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_retry_hedge::throttle::{AdaptiveThrottle, RetryBudget};
+///
+/// let err = AdaptiveThrottle::new(Duration::from_secs(10), 0.5).unwrap_err();
+/// assert_eq!(err.field(), "k");
+/// assert_eq!(err.to_string(), "k: must be a finite number of at least 1");
+///
+/// let err = RetryBudget::new(Duration::from_secs(10), 10, f64::NAN).unwrap_err();
+/// assert_eq!(err.field(), "ratio");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BuildError {
+    field: &'static str,
+    rule: &'static str,
+}
+
+impl BuildError {
+    pub(crate) fn new(field: &'static str, rule: &'static str) -> BuildError {
+        BuildError { field, rule }
+    }
+
+    /// The setting that was wrong, by its builder method's or parameter's name, such as
+    /// `max_attempts`.
+    pub fn field(&self) -> &'static str {
+        self.field
+    }
+
+    /// The rule it broke, such as `must be at least 2`.
+    pub fn rule(&self) -> &'static str {
+        self.rule
+    }
+}
+
+impl fmt::Display for BuildError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.field, self.rule)
+    }
+}
+
+impl std::error::Error for BuildError {}
+
 /// The call's deadline passed before an attempt succeeded.
 ///
 /// For gRPC requests with the `tonic` feature, the layers return a

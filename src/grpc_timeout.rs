@@ -23,7 +23,8 @@
 //! in at most eight digits it uses the coarsest such unit (`1S`, `1500m`, `2H`); otherwise
 //! it uses the finest unit that fits, rounding up, as grpc-go does, so a deadline is
 //! never reported shorter than it is, at most one unit longer, and a non-zero duration is
-//! never encoded as zero. Durations beyond [`MAX_TIMEOUT`] are encoded as `99999999H`.
+//! never encoded as zero. Durations beyond the longest the format carries are encoded as
+//! `99999999H` (about 11 400 years).
 //!
 //! # Examples
 //!
@@ -44,17 +45,17 @@
 //! ```
 //! use std::time::Duration;
 //! use http::{HeaderMap, HeaderName, HeaderValue};
-//! use tower_retry_hedge::grpc_timeout::{self, GRPC_TIMEOUT};
+//! use tower_retry_hedge::grpc_timeout;
 //!
 //! let mut headers = HeaderMap::new();
-//! headers.insert(GRPC_TIMEOUT, HeaderValue::from_static("2S"));
+//! headers.insert("grpc-timeout", HeaderValue::from_static("2S"));
 //! let deadline = grpc_timeout::from_headers(&headers).unwrap_or(Duration::MAX);
 //!
 //! let elapsed = Duration::from_nanos(1_234_567_891);
 //! let remaining = deadline.saturating_sub(elapsed);
-//! headers.insert(GRPC_TIMEOUT, grpc_timeout::encode(remaining));
+//! headers.insert("grpc-timeout", grpc_timeout::encode(remaining));
 //! // 765_432_109 ns needs nine digits in `n`: rounded up to whole microseconds.
-//! assert_eq!(headers[GRPC_TIMEOUT], "765433u");
+//! assert_eq!(headers["grpc-timeout"], "765433u");
 //! ```
 
 use std::time::Duration;
@@ -62,13 +63,10 @@ use std::time::Duration;
 use http::{HeaderMap, HeaderName, HeaderValue};
 
 /// The gRPC request header that carries the call's timeout.
-pub const GRPC_TIMEOUT: &str = "grpc-timeout";
+pub(crate) const GRPC_TIMEOUT: &str = "grpc-timeout";
 
 /// [`GRPC_TIMEOUT`] as a header name: looking a `&str` up parses it on every call.
 pub(crate) const GRPC_TIMEOUT_NAME: HeaderName = HeaderName::from_static(GRPC_TIMEOUT);
-
-/// The longest timeout the format can carry, `99999999H` (about 11,400 years).
-pub const MAX_TIMEOUT: Duration = Duration::from_secs(MAX_VALUE * 3600);
 
 /// The largest value eight digits hold.
 const MAX_VALUE: u64 = 99_999_999;
@@ -128,12 +126,12 @@ pub fn parse(value: &HeaderValue) -> Option<Duration> {
 /// ```
 /// use std::time::Duration;
 /// use http::{HeaderMap, HeaderName, HeaderValue};
-/// use tower_retry_hedge::grpc_timeout::{from_headers, GRPC_TIMEOUT};
+/// use tower_retry_hedge::grpc_timeout::from_headers;
 ///
 /// let mut headers = HeaderMap::new();
 /// assert_eq!(from_headers(&headers), None);
-/// headers.append(GRPC_TIMEOUT, HeaderValue::from_static("5S"));
-/// headers.append(GRPC_TIMEOUT, HeaderValue::from_static("1S"));
+/// headers.append("grpc-timeout", HeaderValue::from_static("5S"));
+/// headers.append("grpc-timeout", HeaderValue::from_static("1S"));
 /// assert_eq!(from_headers(&headers), Some(Duration::from_secs(5)));
 /// ```
 pub fn from_headers(headers: &HeaderMap) -> Option<Duration> {
@@ -145,7 +143,7 @@ pub fn from_headers(headers: &HeaderMap) -> Option<Duration> {
 /// Exact when some unit represents it in at most eight digits (the coarsest such unit,
 /// which has the fewest digits); otherwise the finest unit that fits, rounded up, so the
 /// value read back is at least `timeout` and less than one unit more. Zero is `0n`;
-/// anything above [`MAX_TIMEOUT`] is `99999999H`.
+/// anything above `99999999H` (about 11 400 years) is `99999999H`.
 ///
 /// ```
 /// use std::time::Duration;
@@ -209,6 +207,9 @@ fn render(value: u128, unit: u8) -> HeaderValue {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The longest timeout the format carries.
+    const MAX_TIMEOUT: Duration = Duration::from_secs(MAX_VALUE * 3600);
 
     fn parse_str(s: &str) -> Option<Duration> {
         parse(&HeaderValue::from_str(s).unwrap())

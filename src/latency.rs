@@ -47,6 +47,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::error::BuildError;
 use crate::window::ShardedSlots;
 
 const SLOTS: usize = 10;
@@ -54,18 +55,6 @@ const SUB_BUCKETS: u32 = 8;
 /// Microsecond values up to 2^28 µs (about 268 s); longer samples land in the last bucket.
 const MAX_LOG2: u32 = 28;
 const BUCKETS: usize = (MAX_LOG2 * SUB_BUCKETS) as usize;
-
-/// An error building an [`AdaptiveDelay`]: names the parameter and the rule.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AdaptiveDelayError(&'static str);
-
-impl fmt::Display for AdaptiveDelayError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.0)
-    }
-}
-
-impl std::error::Error for AdaptiveDelayError {}
 
 fn bucket_of(latency: Duration) -> usize {
     let us = u64::try_from(latency.as_micros())
@@ -290,15 +279,15 @@ impl AdaptiveDelayBuilder {
     }
 
     /// Validates and builds.
-    pub fn build(self) -> Result<AdaptiveDelay, AdaptiveDelayError> {
+    pub fn build(self) -> Result<AdaptiveDelay, BuildError> {
         if !(self.percentile > 0.0 && self.percentile <= 1.0) {
-            return Err(AdaptiveDelayError("percentile: must be in (0, 1]"));
+            return Err(BuildError::new("percentile", "must be in (0, 1]"));
         }
         if self.window < Duration::from_millis(10) {
-            return Err(AdaptiveDelayError("window: must be at least 10 ms"));
+            return Err(BuildError::new("window", "must be at least 10 ms"));
         }
         if self.min > self.max {
-            return Err(AdaptiveDelayError("bounds: min must not exceed max"));
+            return Err(BuildError::new("bounds", "min must not exceed max"));
         }
         let now = Instant::now();
         Ok(AdaptiveDelay {

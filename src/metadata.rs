@@ -29,7 +29,7 @@
 //! ```
 
 /// The header that tells a server how many attempts preceded this one (gRFC A6).
-pub const GRPC_PREVIOUS_RPC_ATTEMPTS: &str = "grpc-previous-rpc-attempts";
+pub(crate) const GRPC_PREVIOUS_RPC_ATTEMPTS: &str = "grpc-previous-rpc-attempts";
 
 /// [`GRPC_PREVIOUS_RPC_ATTEMPTS`] as a header name: inserting by `&str` parses it each time.
 pub(crate) const GRPC_PREVIOUS_RPC_ATTEMPTS_NAME: http::HeaderName =
@@ -144,7 +144,7 @@ impl Deadline {
 
 /// The maximum number of backends a [`TriedBackends`] list keeps, of each kind (names and
 /// [`BackendId`]s).
-pub const MAX_TRIED_BACKENDS: usize = 16;
+pub(crate) const MAX_TRIED_BACKENDS: usize = 16;
 
 /// A backend as a balancer records it in [`TriedBackends`]: a 64-bit digest of the key under
 /// which the balancer knows the endpoint (its `Discover` key).
@@ -222,7 +222,7 @@ impl TriedBackends {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Records a backend by name; past [`MAX_TRIED_BACKENDS`] names, further ones are dropped.
+    /// Records a backend by name; past 16 names, further ones are dropped.
     pub fn record(&self, backend: impl Into<String>) {
         let mut tried = self.lock();
         if tried.names.len() < MAX_TRIED_BACKENDS {
@@ -240,7 +240,7 @@ impl TriedBackends {
         self.lock().names.clone()
     }
 
-    /// Records a backend by id; past [`MAX_TRIED_BACKENDS`] ids, further ones are dropped.
+    /// Records a backend by id; past 16 ids, further ones are dropped.
     pub fn record_id(&self, backend: BackendId) {
         self.lock().push_id(backend);
     }

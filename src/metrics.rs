@@ -10,24 +10,24 @@ use opentelemetry::{KeyValue, StringValue, Value};
 use crate::stats::CallCounts;
 
 /// `grpc.client.call.retries`: counted attempts after the first that were not hedges.
-pub const RETRIES: &str = "grpc.client.call.retries";
+pub(crate) const RETRIES: &str = "grpc.client.call.retries";
 /// `grpc.client.call.transparent_retries`: transparent retries.
-pub const TRANSPARENT_RETRIES: &str = "grpc.client.call.transparent_retries";
+pub(crate) const TRANSPARENT_RETRIES: &str = "grpc.client.call.transparent_retries";
 /// `grpc.client.call.hedges`: hedges.
-pub const HEDGES: &str = "grpc.client.call.hedges";
+pub(crate) const HEDGES: &str = "grpc.client.call.hedges";
 /// `grpc.client.call.retry_delay`: seconds with no attempt in flight before a later one.
-pub const RETRY_DELAY: &str = "grpc.client.call.retry_delay";
+pub(crate) const RETRY_DELAY: &str = "grpc.client.call.retry_delay";
 
 /// `tower_retry_hedge.hedges_over_budget`: hedges not sent because their policy's
 /// [`HedgeBudget`](crate::throttle::HedgeBudget) was spent (a counter; beyond A96).
-pub const HEDGES_OVER_BUDGET: &str = "tower_retry_hedge.hedges_over_budget";
+pub(crate) const HEDGES_OVER_BUDGET: &str = "tower_retry_hedge.hedges_over_budget";
 
 /// The bucket boundaries of [`RETRIES`] and [`HEDGES`], as grpc-java gives them for A96.
-pub const RETRY_BUCKETS: [f64; 5] = [1.0, 2.0, 3.0, 4.0, 5.0];
+pub(crate) const RETRY_BUCKETS: [f64; 5] = [1.0, 2.0, 3.0, 4.0, 5.0];
 /// The bucket boundaries of [`TRANSPARENT_RETRIES`], as grpc-java gives them for A96.
-pub const TRANSPARENT_RETRY_BUCKETS: [f64; 6] = [1.0, 2.0, 3.0, 4.0, 5.0, 10.0];
+pub(crate) const TRANSPARENT_RETRY_BUCKETS: [f64; 6] = [1.0, 2.0, 3.0, 4.0, 5.0, 10.0];
 /// The bucket boundaries of [`RETRY_DELAY`]: gRFC A66's latency buckets, in seconds.
-pub const RETRY_DELAY_BUCKETS: [f64; 41] = [
+pub(crate) const RETRY_DELAY_BUCKETS: [f64; 41] = [
     0.0, 0.00001, 0.00005, 0.0001, 0.0003, 0.0006, 0.0008, 0.001, 0.002, 0.003, 0.004, 0.005,
     0.006, 0.008, 0.01, 0.013, 0.016, 0.02, 0.025, 0.03, 0.04, 0.05, 0.065, 0.08, 0.1, 0.13, 0.16,
     0.2, 0.25, 0.3, 0.4, 0.5, 0.65, 0.8, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0,
@@ -35,7 +35,7 @@ pub const RETRY_DELAY_BUCKETS: [f64; 41] = [
 
 /// `grpc.client.call.custom`: gRFC A108's label, whose value each call brings in a
 /// [`CustomLabel`] extension, recorded when [`RetryMetrics::custom_label`] turns it on.
-pub const CUSTOM_LABEL_KEY: &str = "grpc.client.call.custom";
+pub(crate) const CUSTOM_LABEL_KEY: &str = "grpc.client.call.custom";
 
 /// The label value A66 records for what it will not name.
 const OTHER: &str = "other";

@@ -26,8 +26,8 @@
 //! HTTP servers say when to come back with `Retry-After: <delay-seconds>` or
 //! `Retry-After: <HTTP-date>` (RFC 9110 §10.2.3). [`retry_after`] reads either form into a
 //! delay from `now`: a date in the past is a delay of zero, and every delay saturates at
-//! [`RETRY_AFTER_MAX`] rather than overflowing. Garbage is `None`: the header is
-//! advisory, so a caller falls back on its own backoff. Callers should cap what a server can
+//! `u32::MAX` seconds (about 136 years) rather than overflowing. Garbage is `None`: the
+//! header is advisory, so a caller falls back on its own backoff. Callers should cap what a server can
 //! make them wait; [`retry_after_capped`] does so.
 //!
 //! # Examples
@@ -35,15 +35,15 @@
 //! ```
 //! use std::time::Duration;
 //! use http::{HeaderMap, HeaderValue};
-//! use tower_retry_hedge::pushback::{grpc_pushback, Pushback, GRPC_RETRY_PUSHBACK_MS};
+//! use tower_retry_hedge::pushback::{grpc_pushback, Pushback};
 //!
 //! let mut trailers = HeaderMap::new();
 //! assert_eq!(grpc_pushback(&trailers), None);
 //!
-//! trailers.insert(GRPC_RETRY_PUSHBACK_MS, HeaderValue::from_static("250"));
+//! trailers.insert("grpc-retry-pushback-ms", HeaderValue::from_static("250"));
 //! assert_eq!(grpc_pushback(&trailers), Some(Pushback::After(Duration::from_millis(250))));
 //!
-//! trailers.insert(GRPC_RETRY_PUSHBACK_MS, HeaderValue::from_static("-1"));
+//! trailers.insert("grpc-retry-pushback-ms", HeaderValue::from_static("-1"));
 //! assert_eq!(grpc_pushback(&trailers), Some(Pushback::Stop));
 //! ```
 //!
@@ -109,7 +109,7 @@ impl Pushback {
 }
 
 /// The gRFC A6 pushback metadata key.
-pub const GRPC_RETRY_PUSHBACK_MS: &str = "grpc-retry-pushback-ms";
+pub(crate) const GRPC_RETRY_PUSHBACK_MS: &str = "grpc-retry-pushback-ms";
 
 /// Reads `grpc-retry-pushback-ms` from response headers or trailers.
 ///
@@ -120,11 +120,11 @@ pub const GRPC_RETRY_PUSHBACK_MS: &str = "grpc-retry-pushback-ms";
 ///
 /// ```
 /// use http::{HeaderMap, HeaderValue};
-/// use tower_retry_hedge::pushback::{grpc_pushback, Pushback, GRPC_RETRY_PUSHBACK_MS};
+/// use tower_retry_hedge::pushback::{grpc_pushback, Pushback};
 ///
 /// let mut headers = HeaderMap::new();
-/// headers.append(GRPC_RETRY_PUSHBACK_MS, HeaderValue::from_static("10"));
-/// headers.append(GRPC_RETRY_PUSHBACK_MS, HeaderValue::from_static("20"));
+/// headers.append("grpc-retry-pushback-ms", HeaderValue::from_static("10"));
+/// headers.append("grpc-retry-pushback-ms", HeaderValue::from_static("20"));
 /// assert_eq!(grpc_pushback(&headers), Some(Pushback::Stop));
 /// ```
 pub fn grpc_pushback(headers: &HeaderMap) -> Option<Pushback> {
@@ -138,16 +138,18 @@ pub fn grpc_pushback(headers: &HeaderMap) -> Option<Pushback> {
 
 /// The longest delay [`retry_after`] returns: `u32::MAX` seconds (about 136 years).
 /// Longer `delay-seconds` and later dates saturate here.
-pub const RETRY_AFTER_MAX: Duration = Duration::from_secs(u32::MAX as u64);
+pub(crate) const RETRY_AFTER_MAX: Duration = Duration::from_secs(u32::MAX as u64);
 
 /// Reads one HTTP `Retry-After` value as a delay from `now` (RFC 9110 §10.2.3).
 ///
 /// - `delay-seconds`: one or more ASCII digits, no sign and no fraction; leading zeros are
-///   fine. Values above [`RETRY_AFTER_MAX`] saturate to it, however many digits they have.
+///   fine. Values above `u32::MAX` seconds (about 136 years) saturate to it, however many
+///   digits they have.
 /// - `HTTP-date`: the IMF-fixdate (`Sun, 06 Nov 1994 08:49:37 GMT`) and both obsolete forms
 ///   RFC 9110 asks recipients to accept (RFC 850 `Sunday, 06-Nov-94 08:49:37 GMT` and
 ///   asctime `Sun Nov  6 08:49:37 1994`), through [`httpdate::parse_http_date`]. A date
-///   at or before `now` is [`Duration::ZERO`]; later ones saturate at [`RETRY_AFTER_MAX`].
+///   at or before `now` is [`Duration::ZERO`]; later ones saturate at `u32::MAX` seconds
+///   (about 136 years).
 ///
 /// Spaces and tabs around the value are ignored (they are not part of a field value).
 /// Anything else is `None`. The result is not capped: see [`retry_after_capped`].
@@ -155,11 +157,12 @@ pub const RETRY_AFTER_MAX: Duration = Duration::from_secs(u32::MAX as u64);
 /// ```
 /// use std::time::{Duration, SystemTime};
 /// use http::HeaderValue;
-/// use tower_retry_hedge::pushback::{retry_after, RETRY_AFTER_MAX};
+/// use tower_retry_hedge::pushback::retry_after;
 ///
 /// let now = SystemTime::now();
 /// assert_eq!(retry_after(&HeaderValue::from_static("0"), now), Some(Duration::ZERO));
-/// assert_eq!(retry_after(&HeaderValue::from_static("99999999999999999999"), now), Some(RETRY_AFTER_MAX));
+/// let longest = Duration::from_secs(u64::from(u32::MAX));
+/// assert_eq!(retry_after(&HeaderValue::from_static("99999999999999999999"), now), Some(longest));
 /// let past = HeaderValue::from_static("Thu, 01 Jan 1970 00:00:00 GMT");
 /// assert_eq!(retry_after(&past, now), Some(Duration::ZERO));
 /// assert_eq!(retry_after(&HeaderValue::from_static("-1"), now), None);

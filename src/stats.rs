@@ -45,19 +45,16 @@ pub(crate) struct CallCounts {
     pub(crate) hedges_over_budget: u32,
 }
 
-/// The lower bounds of the A6 histogram's buckets.
-pub const HISTOGRAM_BOUNDS: [u32; 8] = [1, 2, 3, 4, 5, 10, 100, 1000];
-
 /// Distinct methods tracked before further ones share one overflow entry, so a client that
 /// sees arbitrary paths cannot grow the table without bound.
-pub const MAX_METHODS: usize = 1024;
+pub(crate) const MAX_METHODS: usize = 1024;
 
 /// The key under which methods past [`MAX_METHODS`] are counted.
-pub const OVERFLOW_KEY: &str = "(other)";
+pub(crate) const OVERFLOW_KEY: &str = "(other)";
 
 /// The index of the histogram bucket for the `k`-th retry (`k >= 1`).
 fn bucket(k: u32) -> usize {
-    HISTOGRAM_BOUNDS
+    MethodSnapshot::HISTOGRAM_BOUNDS
         .iter()
         .rposition(|&bound| k >= bound)
         .unwrap_or(0)
@@ -110,10 +107,18 @@ pub struct MethodSnapshot {
     /// Retry attempts that did not succeed.
     pub retry_failures: u64,
     /// Retry attempts by bucket; bucket `i` counts the k-th retries with
-    /// `HISTOGRAM_BOUNDS[i] <= k < HISTOGRAM_BOUNDS[i + 1]`.
+    /// `HISTOGRAM_BOUNDS[i] <= k < HISTOGRAM_BOUNDS[i + 1]`
+    /// ([`HISTOGRAM_BOUNDS`](Self::HISTOGRAM_BOUNDS)).
     pub histogram: [u64; 8],
     /// Hedges not sent because the policy's hedge budget was spent (beyond A6).
     pub hedges_over_budget: u64,
+}
+
+impl MethodSnapshot {
+    /// The lower bounds of the [`histogram`](Self::histogram)'s buckets: the first, second,
+    /// third, fourth and fifth retry each have their own; then 5–9, 10–99, 100–999 and
+    /// 1000 on.
+    pub const HISTOGRAM_BOUNDS: [u32; 8] = [1, 2, 3, 4, 5, 10, 100, 1000];
 }
 
 /// All methods' figures at one moment, by method path.

@@ -87,11 +87,11 @@ mod budget;
 mod hedge_budget;
 mod registry;
 
-pub use adaptive::{AdaptiveThrottle, AdaptiveThrottleError};
-pub use budget::{BudgetError, RetryBudget};
+pub use adaptive::AdaptiveThrottle;
+pub use budget::RetryBudget;
 pub use hedge_budget::HedgeBudget;
 pub(crate) use registry::AuthorityThrottles;
-pub use registry::{DEFAULT_MAX_AUTHORITIES, MAX_AUTHORITY_LEN, ThrottleRegistry};
+pub use registry::ThrottleRegistry;
 
 use std::fmt;
 use std::sync::Arc;
@@ -251,7 +251,7 @@ pub trait AuthorityThrottle: RetryThrottle + Clone + 'static {
 }
 
 /// The largest `maxTokens` gRFC A6 allows.
-pub const MAX_TOKENS_LIMIT: u32 = 1000;
+pub(crate) const MAX_TOKENS_LIMIT: u32 = 1000;
 
 /// Thousandths per token: gRFC A6 keeps three decimal places of `tokenRatio`.
 const MILLI: u32 = 1000;
@@ -544,6 +544,7 @@ impl AuthorityThrottle for Throttle {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::throttle::registry::MAX_AUTHORITY_LEN;
 
     /// Plays one call with `max_attempts` whose every attempt fails, as the retry layer
     /// does: the first attempt is always sent; after each failure the throttle is debited,

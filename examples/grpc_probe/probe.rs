@@ -28,8 +28,8 @@ use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Status};
 use tower::ServiceBuilder;
 use tower_retry_hedge::classify::Code;
-use tower_retry_hedge::config::{ConfigError, MAX_DOCUMENT_BYTES, ServiceConfig};
-use tower_retry_hedge::metadata::{Attempts, GRPC_PREVIOUS_RPC_ATTEMPTS};
+use tower_retry_hedge::config::{ConfigError, ServiceConfig};
+use tower_retry_hedge::metadata::Attempts;
 use tower_retry_hedge::{Hedge, HedgeLayer, Retry, RetryLayer};
 
 /// The most calls in flight at once that `--concurrency` accepts.
@@ -271,11 +271,9 @@ fn load_config(value: &str) -> Result<ServiceConfig, ArgsError> {
     let json = match value.strip_prefix('@') {
         Some(path) => {
             let read = || -> std::io::Result<String> {
-                // One byte more than a document may have, so that from_json still sees
-                // (and refuses) an oversized file without reading all of it.
-                let limit = u64::try_from(MAX_DOCUMENT_BYTES)
-                    .unwrap_or(u64::MAX)
-                    .saturating_add(1);
+                // One byte more than a document may have (1 MiB), so that from_json still
+                // sees (and refuses) an oversized file without reading all of it.
+                let limit = 1024 * 1024 + 1;
                 let mut text = String::new();
                 std::fs::File::open(path)?
                     .take(limit)
@@ -446,7 +444,7 @@ impl CallRecord {
 /// The attempt count a response or status carried in `grpc-previous-rpc-attempts`.
 fn attempts_from_metadata(metadata: &tonic::metadata::MetadataMap) -> Option<u32> {
     metadata
-        .get(GRPC_PREVIOUS_RPC_ATTEMPTS)
+        .get("grpc-previous-rpc-attempts")
         .and_then(|value| value.to_str().ok())
         .and_then(|value| value.parse::<u32>().ok())
         .map(|previous| previous.saturating_add(1))

@@ -10,16 +10,10 @@ use opentelemetry::{KeyValue, Value};
 use super::EjectionReason;
 
 /// `grpc.lb.outlier_detection.ejections_enforced`: outliers ejected, by detection method.
-///
-/// ```
-/// use tower_retry_hedge::balance::EJECTIONS_ENFORCED;
-///
-/// assert_eq!(EJECTIONS_ENFORCED, "grpc.lb.outlier_detection.ejections_enforced");
-/// ```
-pub const EJECTIONS_ENFORCED: &str = "grpc.lb.outlier_detection.ejections_enforced";
+pub(crate) const EJECTIONS_ENFORCED: &str = "grpc.lb.outlier_detection.ejections_enforced";
 /// `grpc.lb.outlier_detection.ejections_unenforced`: outliers found and left in rotation, by
 /// detection method and reason.
-pub const EJECTIONS_UNENFORCED: &str = "grpc.lb.outlier_detection.ejections_unenforced";
+pub(crate) const EJECTIONS_UNENFORCED: &str = "grpc.lb.outlier_detection.ejections_unenforced";
 
 /// The label of how an outlier was found (A91's values, and this crate's for a run of
 /// consecutive failures).
@@ -50,8 +44,8 @@ impl Unenforced {
 ///
 /// | instrument | unit | counts | labels |
 /// |---|---|---|---|
-/// | [`grpc.lb.outlier_detection.ejections_enforced`](EJECTIONS_ENFORCED) | `{ejection}` | backends ejected | `grpc.target`, `grpc.lb.backend_service`, `grpc.lb.outlier_detection.detection_method` |
-/// | [`grpc.lb.outlier_detection.ejections_unenforced`](EJECTIONS_UNENFORCED) | `{ejection}` | outliers found and not ejected | the same, and `grpc.lb.outlier_detection.unenforced_reason` |
+/// | `grpc.lb.outlier_detection.ejections_enforced` | `{ejection}` | backends ejected | `grpc.target`, `grpc.lb.backend_service`, `grpc.lb.outlier_detection.detection_method` |
+/// | `grpc.lb.outlier_detection.ejections_unenforced` | `{ejection}` | outliers found and not ejected | the same, and `grpc.lb.outlier_detection.unenforced_reason` |
 ///
 /// - `grpc.target`: the channel's target given to [`target`](Self::target), else `other`
 ///   (A91 requires the label; `other` is what gRFC A66 records for a target it does not name).

@@ -61,8 +61,8 @@
 //! - an error of the endpoint's service (a transport error) fails.
 //!
 //! A gRPC status fails when it is in [`failure_codes`](OutlierDetectionBuilder::failure_codes)
-//! ([`DEFAULT_FAILURE_CODES`]: the codes whose HTTP mapping is a 5xx or 429, as Envoy counts
-//! gRPC answers; gRFC A50 counts every code but `OK`). Then:
+//! (by default the codes whose HTTP mapping is a 5xx or 429, as Envoy counts gRPC answers;
+//! gRFC A50 counts every code but `OK`). Then:
 //!
 //! - **Recent failures weigh the choice.** Of the two endpoints drawn, the less loaded one
 //!   keeps the request with probability `w / w'` when its weight `w` is below the other's
@@ -272,10 +272,10 @@ pub use detector::{Ejection, EjectionReason, Outliers};
 pub use future::{NoReadyEndpoint, ResponseFuture};
 #[cfg(feature = "opentelemetry")]
 #[cfg_attr(docsrs, doc(cfg(feature = "opentelemetry")))]
-pub use metrics::{EJECTIONS_ENFORCED, EJECTIONS_UNENFORCED, OutlierMetrics};
+pub use metrics::OutlierMetrics;
 pub use outlier::{
-    DEFAULT_FAILURE_CODES, FailurePercentageEjection, OutlierDetection, OutlierDetectionBuilder,
-    OutlierDetectionError, OutlierRule, SuccessRateEjection,
+    FailurePercentageEjection, OutlierDetection, OutlierDetectionBuilder, OutlierDetectionError,
+    OutlierRule, SuccessRateEjection,
 };
 
 use std::fmt;

@@ -86,10 +86,7 @@ pub use self::grpc::grpc_status;
 pub use self::http::{HttpStatuses, ResetFormat, ResetHeader};
 #[cfg(feature = "retry-info")]
 #[cfg_attr(docsrs, doc(cfg(feature = "retry-info")))]
-pub use self::retry_info::{
-    GRPC_STATUS_DETAILS_BIN, MAX_STATUS_DETAILS_LEN, WithRetryInfo, retry_info_delay,
-    retry_info_from_headers,
-};
+pub use self::retry_info::{WithRetryInfo, retry_info_delay, retry_info_from_headers};
 use crate::pushback::Pushback;
 
 /// What one attempt produced, as a classifier sees it.

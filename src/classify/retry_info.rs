@@ -14,12 +14,13 @@ use crate::pushback::Pushback;
 
 /// The header that carries a serialized `google.rpc.Status` (base64, as every `-bin`
 /// metadata value).
-pub const GRPC_STATUS_DETAILS_BIN: HeaderName = HeaderName::from_static("grpc-status-details-bin");
+pub(crate) const GRPC_STATUS_DETAILS_BIN: HeaderName =
+    HeaderName::from_static("grpc-status-details-bin");
 
 /// The longest `grpc-status-details-bin` value read, in bytes of base64 (6 KiB once decoded);
 /// a longer one is ignored unread. A `RetryInfo` takes a few dozen bytes; the bound keeps a
 /// hostile server from making the client decode a large message on every failure.
-pub const MAX_STATUS_DETAILS_LEN: usize = 8 * 1024;
+pub(crate) const MAX_STATUS_DETAILS_LEN: usize = 8 * 1024;
 
 /// The type name of `RetryInfo` in a `google.protobuf.Any`'s URL.
 const RETRY_INFO_TYPE: &str = "google.rpc.RetryInfo";
@@ -33,7 +34,7 @@ const BASE64: GeneralPurpose = GeneralPurpose::new(
 /// The `retry_delay` of the first `google.rpc.RetryInfo` in a `grpc-status-details-bin`
 /// value (the header's bytes, base64).
 ///
-/// `None` for anything else: a value longer than [`MAX_STATUS_DETAILS_LEN`], bad base64, a
+/// `None` for anything else: a value longer than 8 KiB, bad base64, a
 /// message that is not a `google.rpc.Status`, no `RetryInfo` among its details, a `RetryInfo`
 /// without a delay, or a delay that is negative or not a valid protobuf `Duration`. Never
 /// panics. The delay is not capped here: the layers apply their pushback cap

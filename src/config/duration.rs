@@ -15,7 +15,7 @@ pub enum DurationError {
     Malformed,
     /// More than 9 digits after the decimal point (finer than a nanosecond).
     TooManyFractionDigits,
-    /// More than [`MAX_DURATION_SECONDS`] seconds (either sign).
+    /// More than 315 576 000 000 seconds (either sign).
     OutOfRange,
     /// A well-formed duration below zero.
     Negative,
@@ -45,7 +45,7 @@ impl std::error::Error for DurationError {}
 /// The grammar is exact: no `+`, no exponent, no whitespace, no leading zeros (`"01s"`),
 /// no `".5s"` nor `"1.s"` (A6 requires the number to be a valid JSON number; the
 /// protobuf reference parser rejects these two as well). Seconds range over
-/// ±[`MAX_DURATION_SECONDS`]. No floating point is involved.
+/// ±315 576 000 000 seconds (10 000 years, as protobuf's `Duration`). No floating point is involved.
 ///
 /// Negative durations are valid proto3 but no A6 field allows them, so they are
 /// reported as [`DurationError::Negative`]; `"-0s"` and `"-0.000s"` are zero.
@@ -117,7 +117,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, DurationError> {
 /// `"1.000000001s"`).
 ///
 /// The result parses back with [`parse_duration`] when the duration is at most
-/// [`MAX_DURATION_SECONDS`] long, which every duration of a parsed config is.
+/// 315 576 000 000 seconds long, which every duration of a parsed config is.
 ///
 /// ```
 /// use std::time::Duration;

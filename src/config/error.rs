@@ -22,19 +22,19 @@ pub enum Rule {
         /// What serde_json found wrong, such as `expected value`.
         message: String,
     },
-    /// The document is longer than [`MAX_DOCUMENT_BYTES`].
+    /// The document is longer than 1 MiB.
     DocumentTooLarge {
         /// The limit, in bytes.
         max: usize,
     },
     /// An array has more entries than its limit
-    /// ([`MAX_METHOD_CONFIGS`](super::MAX_METHOD_CONFIGS),
-    /// [`MAX_STATUS_CODES`](super::MAX_STATUS_CODES)).
+    /// (10 000 method configs,
+    /// 100 status codes).
     TooManyEntries {
         /// The limit.
         max: usize,
     },
-    /// All method configs together have more than [`MAX_NAMES`](super::MAX_NAMES) names.
+    /// All method configs together have more than 10 000 names.
     TooManyNames {
         /// The limit.
         max: usize,
@@ -215,7 +215,7 @@ impl ConfigError {
         }
     }
 
-    /// A document of `len` bytes, longer than [`MAX_DOCUMENT_BYTES`].
+    /// A document of `len` bytes, longer than 1 MiB.
     pub(super) fn document_too_large(len: usize) -> ConfigError {
         ConfigError {
             path: String::new(),
@@ -261,7 +261,7 @@ impl ConfigError {
     }
 
     /// For [`Rule::Missing`]: a key of the same object that looks like a misspelling of
-    /// the absent field (cut to [`MAX_KEY_CHARS`](super::MAX_KEY_CHARS) characters), if
+    /// the absent field (cut to 64 characters), if
     /// there is one.
     ///
     /// ```

@@ -231,13 +231,13 @@
 //! # Limits on untrusted input
 //!
 //! A service config may come from DNS, so parsing never panics and its memory is
-//! bounded: a document longer than [`MAX_DOCUMENT_BYTES`] is refused before parsing,
+//! bounded: a document longer than 1 MiB is refused before parsing,
 //! serde_json's recursion limit (128 levels) refuses deeper nesting, and
-//! [`MAX_METHOD_CONFIGS`], [`MAX_NAMES`] and [`MAX_STATUS_CODES`] bound the arrays.
+//! at most 10 000 method configs, 10 000 names in all and 100 status codes per list.
 //! Values quoted in error messages are cut to 64 characters. Unknown keys cost a few
-//! string comparisons each; at most [`MAX_IGNORED_KEYS`] are kept (the rest are counted),
-//! each cut to [`MAX_KEY_CHARS`] characters, and only kept keys (or, for a missing field,
-//! at most [`MAX_IGNORED_KEYS`] keys of its object) are searched for a near miss.
+//! string comparisons each; at most 100 are kept (the rest are counted),
+//! each cut to 64 characters, and only kept keys (or, for a missing field,
+//! at most 100 keys of its object) are searched for a near miss.
 //!
 //! The document is read into a `serde_json::Value` first, which costs more than the
 //! text: measured at up to 34 times the document's length at the peak for the worst
@@ -271,26 +271,26 @@ pub use unknown::IgnoredKey;
 /// The longest service-config document [`ServiceConfig::from_json`] parses, in bytes
 /// (1 MiB). gRPC service configs are a few hundred bytes; DNS TXT records carrying
 /// them are far smaller than this.
-pub const MAX_DOCUMENT_BYTES: usize = 1024 * 1024;
+pub(crate) const MAX_DOCUMENT_BYTES: usize = 1024 * 1024;
 
 /// The most entries `methodConfig` may have.
-pub const MAX_METHOD_CONFIGS: usize = 10_000;
+pub(crate) const MAX_METHOD_CONFIGS: usize = 10_000;
 
 /// The most names (`name` entries) all method configs together may have.
-pub const MAX_NAMES: usize = 10_000;
+pub(crate) const MAX_NAMES: usize = 10_000;
 
 /// The most entries one `retryableStatusCodes` or `nonFatalStatusCodes` array may have
 /// (there are 17 codes; repeats are allowed but pointless).
-pub const MAX_STATUS_CODES: usize = 100;
+pub(crate) const MAX_STATUS_CODES: usize = 100;
 
 /// The largest number of seconds a proto3 `Duration` may hold (10 000 years).
-pub const MAX_DURATION_SECONDS: u64 = 315_576_000_000;
+pub(crate) const MAX_DURATION_SECONDS: u64 = 315_576_000_000;
 
 /// The most unknown keys [`ServiceConfig::ignored`] lists (the first ones read); more are
 /// only counted ([`ServiceConfig::ignored_count`]).
-pub const MAX_IGNORED_KEYS: usize = 100;
+pub(crate) const MAX_IGNORED_KEYS: usize = 100;
 
 /// The longest an unknown key is quoted, in paths, [`IgnoredKey::key`] and
 /// [`ConfigError::near_miss`], in characters; a longer key is cut and ends in `…`, and is
 /// never a near miss.
-pub const MAX_KEY_CHARS: usize = 64;
+pub(crate) const MAX_KEY_CHARS: usize = 64;

@@ -56,7 +56,7 @@ impl PartialEq for ServiceConfig {
 impl ServiceConfig {
     /// Parses and validates service-config JSON.
     ///
-    /// Documents longer than [`MAX_DOCUMENT_BYTES`] are refused before parsing. Keys gRPC
+    /// Documents longer than 1 MiB are refused before parsing. Keys gRPC
     /// does not define are ignored, logged in one `WARN` event (target
     /// `tower_retry_hedge::config::unknown`), and listed by [`ServiceConfig::ignored`].
     pub fn from_json(json: &str) -> Result<ServiceConfig, ConfigError> {
@@ -123,7 +123,7 @@ impl ServiceConfig {
 
     /// The keys of the document that gRPC does not define, which the parse ignored, in the
     /// order they were read (object by object; the keys of one object in sorted order): at
-    /// most the first [`MAX_IGNORED_KEYS`](super::MAX_IGNORED_KEYS); see
+    /// most the first 100; see
     /// [`ignored_count`](ServiceConfig::ignored_count) for them all. Empty for a config
     /// parsed strictly, built in code or deserialized from [`ServiceConfig::to_json`].
     ///

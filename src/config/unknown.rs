@@ -98,7 +98,7 @@ impl IgnoredKey {
         &self.path
     }
 
-    /// The key as written, cut to [`MAX_KEY_CHARS`] characters (then ending in `…`).
+    /// The key as written, cut to 64 characters (then ending in `…`).
     pub fn key(&self) -> &str {
         &self.key
     }
@@ -123,7 +123,7 @@ impl fmt::Display for IgnoredKey {
 }
 
 /// What a parse does with keys gRPC does not define: refuse them (strict), or count them
-/// and keep the first [`MAX_IGNORED_KEYS`].
+/// and keep the first 100.
 #[derive(Debug, Default)]
 pub(super) struct UnknownKeys {
     strict: bool,
@@ -167,8 +167,8 @@ impl UnknownKeys {
 }
 
 /// The key of `object` that looks like a misspelling of the absent field `missing`: the
-/// first of its first [`MAX_IGNORED_KEYS`] unknown keys whose suggestion is `missing`,
-/// cut to [`MAX_KEY_CHARS`] characters.
+/// first of its first 100 unknown keys whose suggestion is `missing`,
+/// cut to 64 characters.
 pub(super) fn near_miss(
     object: &Map<String, Value>,
     known: &'static [&'static str],
@@ -184,7 +184,7 @@ pub(super) fn near_miss(
 
 /// The field of `known` nearest to `key` (edit distance, ignoring ASCII case), if at most
 /// `max(1, chars / 3)` edits away; the first in `known` on a tie. `None` for keys longer
-/// than [`MAX_KEY_CHARS`] characters, which no field name comes near.
+/// than 64 characters, which no field name comes near.
 fn suggest(key: &str, known: &'static [&'static str]) -> Option<&'static str> {
     // Four bytes per character at most: no need to count the characters of a longer key.
     if key.len() > 4 * MAX_KEY_CHARS {
@@ -220,7 +220,7 @@ fn distance(a: &str, b: &str) -> usize {
     previous[b.len()]
 }
 
-/// `key`, cut to [`MAX_KEY_CHARS`] characters, with `…` when cut.
+/// `key`, cut to 64 characters, with `…` when cut.
 fn cut(key: &str) -> String {
     match key.char_indices().nth(MAX_KEY_CHARS) {
         Some((end, _)) => format!("{}\u{2026}", &key[..end]),
@@ -229,7 +229,7 @@ fn cut(key: &str) -> String {
 }
 
 /// The path of `key` in the object at `parent`: `parent.key`, or `parent["key"]` (escaped)
-/// for a key that is not a plain word. The key is cut to [`MAX_KEY_CHARS`] characters.
+/// for a key that is not a plain word. The key is cut to 64 characters.
 fn key_path(parent: &str, key: &str) -> String {
     let key = cut(key);
     let plain = !key.is_empty()

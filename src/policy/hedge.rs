@@ -4,8 +4,8 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::PolicyError;
 use crate::classify::{Classify, GrpcCodes};
+use crate::error::BuildError;
 use crate::latency::AdaptiveDelay;
 use crate::throttle::HedgeBudget;
 
@@ -218,9 +218,9 @@ impl HedgePolicyBuilder {
     }
 
     /// Validates and builds the policy.
-    pub fn build(self) -> Result<HedgePolicy, PolicyError> {
+    pub fn build(self) -> Result<HedgePolicy, BuildError> {
         if self.max_attempts < 2 {
-            return Err(PolicyError::new("max_attempts", "must be at least 2"));
+            return Err(BuildError::new("max_attempts", "must be at least 2"));
         }
         Ok(HedgePolicy {
             max_attempts: self.max_attempts,

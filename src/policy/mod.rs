@@ -55,7 +55,6 @@ mod hedge;
 mod retry;
 mod table;
 
-use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -65,42 +64,16 @@ pub(crate) use self::table::ThrottleHandle;
 pub use self::table::{Policies, PoliciesBuilder, Route};
 
 /// The client-side cap on `maxAttempts` that gRPC applies by default.
-pub const DEFAULT_MAX_ATTEMPTS_CAP: u32 = 5;
+pub(crate) const DEFAULT_MAX_ATTEMPTS_CAP: u32 = 5;
 
 /// The longest server pushback (`grpc-retry-pushback-ms`) the layers wait out by default;
 /// a longer one stops the retries. A6 caps `maxAttempts` on the client because service
 /// config comes from DNS; a pushback comes from any server, and deserves a cap too.
-pub const DEFAULT_MAX_PUSHBACK: Duration = Duration::from_secs(60);
+pub(crate) const DEFAULT_MAX_PUSHBACK: Duration = Duration::from_secs(60);
 
 /// Never-sent attempts retried transparently when the call has no deadline. With a deadline
 /// they are retried until it passes, as A6 says; without one, something must end the loop.
-pub const DEFAULT_MAX_TRANSPARENT_RETRIES: u32 = 10;
-
-/// An error building a policy: names the field and the rule it broke.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PolicyError {
-    field: &'static str,
-    rule: &'static str,
-}
-
-impl PolicyError {
-    pub(crate) fn new(field: &'static str, rule: &'static str) -> PolicyError {
-        PolicyError { field, rule }
-    }
-
-    /// The field that was wrong, such as `max_attempts`.
-    pub fn field(&self) -> &'static str {
-        self.field
-    }
-}
-
-impl fmt::Display for PolicyError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.field, self.rule)
-    }
-}
-
-impl std::error::Error for PolicyError {}
+pub(crate) const DEFAULT_MAX_TRANSPARENT_RETRIES: u32 = 10;
 
 /// The policy of one method: retried or hedged, never both; or neither, with a timeout.
 #[derive(Debug, Clone)]

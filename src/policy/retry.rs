@@ -4,9 +4,10 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{DEFAULT_MAX_TRANSPARENT_RETRIES, PolicyError};
+use super::DEFAULT_MAX_TRANSPARENT_RETRIES;
 use crate::backoff::{Backoff, Exponential};
 use crate::classify::{AttemptResult, Classify, Code, GrpcCodes, Outcome};
+use crate::error::BuildError;
 
 fn default_backoff() -> Arc<dyn Backoff> {
     // A6's own example: 0.1 s, x2, capped at 1 s, with today's gRPC jitter.
@@ -122,7 +123,7 @@ impl RetryPolicy {
 ///
 /// Defaults: 3 attempts; backoff [`Exponential::grpc`]`(100 ms, 1 s, 2.0)`; `UNAVAILABLE`
 /// retryable; no timeout; non-idempotent HTTP methods not retried; at most
-/// [`DEFAULT_MAX_TRANSPARENT_RETRIES`] never-sent retries when the call has no deadline.
+/// 10 never-sent retries when the call has no deadline.
 pub struct RetryPolicyBuilder {
     max_attempts: u32,
     backoff: Option<Arc<dyn Backoff>>,
@@ -211,7 +212,7 @@ impl RetryPolicyBuilder {
     ///
     /// let policy = RetryPolicy::builder().wait_for_ready(true).build()?;
     /// # let _ = policy;
-    /// # Ok::<(), tower_retry_hedge::policy::PolicyError>(())
+    /// # Ok::<(), tower_retry_hedge::policy::BuildError>(())
     /// ```
     pub fn wait_for_ready(mut self, enabled: bool) -> Self {
         self.wait_for_ready = enabled;
@@ -253,7 +254,7 @@ impl RetryPolicyBuilder {
     ///         }
     ///     })
     ///     .build()?;
-    /// # Ok::<(), tower_retry_hedge::policy::PolicyError>(())
+    /// # Ok::<(), tower_retry_hedge::policy::BuildError>(())
     /// ```
     pub fn on_retry(
         mut self,
@@ -264,18 +265,15 @@ impl RetryPolicyBuilder {
     }
 
     /// Validates and builds the policy.
-    pub fn build(self) -> Result<RetryPolicy, PolicyError> {
+    pub fn build(self) -> Result<RetryPolicy, BuildError> {
         if self.max_attempts < 2 {
-            return Err(PolicyError::new("max_attempts", "must be at least 2"));
+            return Err(BuildError::new("max_attempts", "must be at least 2"));
         }
         if self.per_attempt_timeout == Some(Duration::ZERO) {
-            return Err(PolicyError::new(
-                "per_attempt_timeout",
-                "must be above zero",
-            ));
+            return Err(BuildError::new("per_attempt_timeout", "must be above zero"));
         }
         if self.hedge_on_per_attempt_timeout && self.per_attempt_timeout.is_none() {
-            return Err(PolicyError::new(
+            return Err(BuildError::new(
                 "hedge_on_per_attempt_timeout",
                 "needs a per_attempt_timeout",
             ));

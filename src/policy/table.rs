@@ -462,7 +462,7 @@ impl PoliciesBuilder {
     }
 
     /// The longest server pushback the layers wait out (default
-    /// [`DEFAULT_MAX_PUSHBACK`]); a longer one is taken as "do not retry".
+    /// 60 s); a longer one is taken as "do not retry".
     pub fn max_pushback(mut self, max: Duration) -> Self {
         self.max_pushback = max;
         self

@@ -170,10 +170,7 @@
 
 #[cfg(feature = "opentelemetry")]
 #[cfg_attr(docsrs, doc(cfg(feature = "opentelemetry")))]
-pub use crate::metrics::{
-    CUSTOM_LABEL_KEY, CustomLabel, HEDGES, HEDGES_OVER_BUDGET, RETRIES, RETRY_BUCKETS, RETRY_DELAY,
-    RETRY_DELAY_BUCKETS, RetryMetrics, TRANSPARENT_RETRIES, TRANSPARENT_RETRY_BUCKETS,
-};
+pub use crate::metrics::{CustomLabel, RetryMetrics};
 
 use tracing::Span;
 

@@ -11,29 +11,10 @@ use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 
 use super::{AuthorityThrottle, RetryThrottle, ThrottleState};
+use crate::error::BuildError;
 use crate::window::ShardedSlots;
 
 const SLOTS: usize = 10;
-
-/// An error building an [`AdaptiveThrottle`]: names the parameter and the rule.
-///
-/// ```
-/// use std::time::Duration;
-/// use tower_retry_hedge::throttle::AdaptiveThrottle;
-///
-/// let err = AdaptiveThrottle::new(Duration::from_secs(10), 0.5).unwrap_err();
-/// assert_eq!(err.to_string(), "k: must be a finite number of at least 1");
-/// ```
-#[derive(Debug, Clone, PartialEq)]
-pub struct AdaptiveThrottleError(&'static str);
-
-impl fmt::Display for AdaptiveThrottleError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.0)
-    }
-}
-
-impl std::error::Error for AdaptiveThrottleError {}
 
 /// Requests and accepts in one slot of the window.
 #[derive(Debug, Default, Clone, Copy)]
@@ -125,15 +106,14 @@ impl AdaptiveThrottle {
     ///
     /// A higher `k` tolerates a larger share of failures before rejecting anything
     /// (`1 − 1/k`: half with 2).
-    pub fn new(window: Duration, k: f64) -> Result<AdaptiveThrottle, AdaptiveThrottleError> {
+    pub fn new(window: Duration, k: f64) -> Result<AdaptiveThrottle, BuildError> {
         if window < Duration::from_secs(1) || window > Duration::from_secs(600) {
-            return Err(AdaptiveThrottleError(
-                "window: must be between 1 s and 10 min",
-            ));
+            return Err(BuildError::new("window", "must be between 1 s and 10 min"));
         }
         if !(k.is_finite() && k >= 1.0) {
-            return Err(AdaptiveThrottleError(
-                "k: must be a finite number of at least 1",
+            return Err(BuildError::new(
+                "k",
+                "must be a finite number of at least 1",
             ));
         }
         Ok(AdaptiveThrottle::with_rng(

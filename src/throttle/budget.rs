@@ -7,21 +7,10 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{AuthorityThrottle, RetryThrottle, ThrottleState};
+use crate::error::BuildError;
 use crate::window::{ShardedSlots, Slots};
 
 const SLOTS: usize = 10;
-
-/// An error building a [`RetryBudget`]: names the parameter and the rule.
-#[derive(Debug, Clone, PartialEq)]
-pub struct BudgetError(&'static str);
-
-impl fmt::Display for BudgetError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.0)
-    }
-}
-
-impl std::error::Error for BudgetError {}
 
 /// A retry budget (Finagle, Linkerd, tower's `TpsBudget`): over a sliding window, retries may
 /// be at most `ratio × calls`, plus `min_per_second` retries per second so that a client with
@@ -98,12 +87,15 @@ impl fmt::Debug for RetryBudget {
 impl RetryBudget {
     /// A budget over a window of `ttl` (1 s to 60 s), with a floor of `min_per_second`
     /// retries per second and `ratio` (0 to 1000) retries per call.
-    pub fn new(ttl: Duration, min_per_second: u32, ratio: f64) -> Result<RetryBudget, BudgetError> {
+    pub fn new(ttl: Duration, min_per_second: u32, ratio: f64) -> Result<RetryBudget, BuildError> {
         if ttl < Duration::from_secs(1) || ttl > Duration::from_secs(60) {
-            return Err(BudgetError("ttl: must be between 1 s and 60 s"));
+            return Err(BuildError::new("ttl", "must be between 1 s and 60 s"));
         }
         if !(ratio.is_finite() && (0.0..=1000.0).contains(&ratio)) {
-            return Err(BudgetError("ratio: must be a finite number in [0, 1000]"));
+            return Err(BuildError::new(
+                "ratio",
+                "must be a finite number in [0, 1000]",
+            ));
         }
         Ok(RetryBudget {
             window: Window::new(ttl),

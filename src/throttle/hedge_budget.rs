@@ -3,7 +3,8 @@
 use std::fmt;
 use std::time::Duration;
 
-use super::{BudgetError, RetryBudget, RetryThrottle};
+use super::{RetryBudget, RetryThrottle};
+use crate::error::BuildError;
 
 /// A budget for the extra load hedges add (Finagle's backup requests carry one, its
 /// `maxExtraLoad`): over a sliding window, the hedges a policy sends may be at most
@@ -55,7 +56,7 @@ impl HedgeBudget {
         window: Duration,
         min_per_second: u32,
         ratio: f64,
-    ) -> Result<HedgeBudget, BudgetError> {
+    ) -> Result<HedgeBudget, BuildError> {
         RetryBudget::new(window, min_per_second, ratio).map(HedgeBudget)
     }
 

@@ -10,11 +10,11 @@ use super::AdaptiveThrottle;
 use super::{AuthorityThrottle, RetryThrottle, Throttle, ThrottleError, ThrottleState};
 
 /// How many authorities a [`ThrottleRegistry`] gives their own bucket by default.
-pub const DEFAULT_MAX_AUTHORITIES: usize = 4096;
+pub(crate) const DEFAULT_MAX_AUTHORITIES: usize = 4096;
 
 /// Authorities longer than this share the overflow bucket: no DNS name (253 bytes) with a
 /// port, nor any IP literal, is this long, and it bounds what one entry can cost.
-pub const MAX_AUTHORITY_LEN: usize = 512;
+pub(crate) const MAX_AUTHORITY_LEN: usize = 512;
 
 /// One shared throttle per authority (`host:port`), for clients that talk to many hosts.
 ///
@@ -29,9 +29,9 @@ pub const MAX_AUTHORITY_LEN: usize = 512;
 /// # Bounded growth
 ///
 /// Authorities may come from untrusted input (redirects, user-supplied URLs), so the number
-/// of throttles is capped ([`DEFAULT_MAX_AUTHORITIES`], or
+/// of throttles is capped (4 096, or
 /// [`with_max_authorities`](ThrottleRegistry::with_max_authorities)). Once the cap is
-/// reached, every new authority, and every authority longer than [`MAX_AUTHORITY_LEN`],
+/// reached, every new authority, and every authority longer than 512 bytes,
 /// shares one overflow throttle. Existing throttles are never evicted: evicting one would
 /// hand its host a full bucket again, so a flood of names could reset the throttle of a
 /// failing server. Sharing errs the other way: failures of one overflow host can only hold
@@ -117,7 +117,7 @@ impl<T: AuthorityThrottle> ThrottleRegistry<T> {
     }
 
     /// Sets how many authorities get a throttle of their own (default
-    /// [`DEFAULT_MAX_AUTHORITIES`]); `0` sends every authority to the overflow throttle.
+    /// 4 096); `0` sends every authority to the overflow throttle.
     ///
     /// Meant for building: the registry returned is a new, empty one, not shared with
     /// clones of `self`.

@@ -29,7 +29,7 @@ use tower_retry_hedge::backoff::Constant;
 use tower_retry_hedge::body::ReplayBody;
 use tower_retry_hedge::classify::{Code, GrpcCodes};
 use tower_retry_hedge::metadata::Attempts;
-use tower_retry_hedge::stats::{HISTOGRAM_BOUNDS, MethodSnapshot, StatsSnapshot};
+use tower_retry_hedge::stats::{MethodSnapshot, StatsSnapshot};
 use tower_retry_hedge::throttle::{RetryThrottle, Throttle};
 use tower_retry_hedge::{
     BoxError, BufferLimits, HedgeLayer, HedgePolicy, Policies, RetryLayer, RetryPolicy,
@@ -268,7 +268,10 @@ async fn run_sequentially(
 
 /// The A6 histogram bucket of the k-th retry.
 fn bucket(k: u32) -> usize {
-    HISTOGRAM_BOUNDS.iter().rposition(|&b| k >= b).unwrap_or(0)
+    MethodSnapshot::HISTOGRAM_BOUNDS
+        .iter()
+        .rposition(|&b| k >= b)
+        .unwrap_or(0)
 }
 
 /// The closed-form model: statistics per method, and the throttle's tokens (in thousandths)

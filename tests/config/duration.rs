@@ -2,9 +2,9 @@
 
 use std::time::Duration;
 
-use tower_retry_hedge::config::{
-    DurationError, MAX_DURATION_SECONDS, format_duration, parse_duration,
-};
+use tower_retry_hedge::config::{DurationError, format_duration, parse_duration};
+
+use super::MAX_DURATION_SECONDS;
 
 #[test]
 fn valid_durations() {

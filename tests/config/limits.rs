@@ -1,9 +1,7 @@
 //! Limits on untrusted input: document size, entry counts, nesting depth, and the
 //! length of values quoted in errors.
 
-use tower_retry_hedge::config::{
-    MAX_DOCUMENT_BYTES, MAX_METHOD_CONFIGS, MAX_NAMES, MAX_STATUS_CODES, Rule, ServiceConfig,
-};
+use tower_retry_hedge::config::{Rule, ServiceConfig};
 
 use super::*;
 

@@ -20,6 +20,15 @@ use tower_retry_hedge::config::{
     ConfigError, HedgingPolicyConfig, RetryPolicyConfig, RetryThrottling, ServiceConfig,
 };
 
+// The limits on untrusted input that the `config` module documents.
+const MAX_DOCUMENT_BYTES: usize = 1024 * 1024;
+const MAX_METHOD_CONFIGS: usize = 10_000;
+const MAX_NAMES: usize = 10_000;
+const MAX_STATUS_CODES: usize = 100;
+const MAX_DURATION_SECONDS: u64 = 315_576_000_000;
+const MAX_IGNORED_KEYS: usize = 100;
+const MAX_KEY_CHARS: usize = 64;
+
 /// Parses a config that must be valid.
 fn parse(json: &str) -> ServiceConfig {
     ServiceConfig::from_json(json).unwrap_or_else(|e| panic!("rejected {json}: {e}"))

@@ -5,9 +5,9 @@ use std::time::Duration;
 use proptest::prelude::*;
 use serde_json::{Value, json};
 use tower_retry_hedge::classify::{Code, GrpcCodes};
-use tower_retry_hedge::config::{
-    MAX_DURATION_SECONDS, MethodPolicy, ServiceConfig, format_duration, parse_duration,
-};
+use tower_retry_hedge::config::{MethodPolicy, ServiceConfig, format_duration, parse_duration};
+
+use super::MAX_DURATION_SECONDS;
 
 /// What a generated method config should parse to.
 #[derive(Debug, Clone)]

@@ -27,10 +27,7 @@ use tower_retry_hedge::backoff::{Exponential, Jitter};
 use tower_retry_hedge::classify::{Code, GrpcCodes, HttpStatuses};
 use tower_retry_hedge::policy::RetryPolicyBuilder;
 use tower_retry_hedge::policy::Route;
-use tower_retry_hedge::telemetry::{
-    CUSTOM_LABEL_KEY, CustomLabel, HEDGES, RETRIES, RETRY_BUCKETS, RETRY_DELAY,
-    RETRY_DELAY_BUCKETS, RetryMetrics, TRANSPARENT_RETRIES, TRANSPARENT_RETRY_BUCKETS,
-};
+use tower_retry_hedge::telemetry::{CustomLabel, RetryMetrics};
 use tower_retry_hedge::{BoxError, HedgeLayer, HedgePolicy, Policies, RetryLayer, RetryPolicy};
 use tower_test::mock;
 
@@ -39,6 +36,21 @@ type Res = Response<()>;
 type Handle = mock::Handle<Req, Res>;
 
 const METHOD: &str = "pkg.Service/Method";
+
+// A96's instruments and A108's label, by the names gRPC gives them, and grpc-java's buckets.
+const RETRIES: &str = "grpc.client.call.retries";
+const TRANSPARENT_RETRIES: &str = "grpc.client.call.transparent_retries";
+const HEDGES: &str = "grpc.client.call.hedges";
+const RETRY_DELAY: &str = "grpc.client.call.retry_delay";
+const CUSTOM_LABEL_KEY: &str = "grpc.client.call.custom";
+const RETRY_BUCKETS: [f64; 5] = [1.0, 2.0, 3.0, 4.0, 5.0];
+const TRANSPARENT_RETRY_BUCKETS: [f64; 6] = [1.0, 2.0, 3.0, 4.0, 5.0, 10.0];
+/// gRFC A66's latency buckets, in seconds.
+const RETRY_DELAY_BUCKETS: [f64; 41] = [
+    0.0, 0.00001, 0.00005, 0.0001, 0.0003, 0.0006, 0.0008, 0.001, 0.002, 0.003, 0.004, 0.005,
+    0.006, 0.008, 0.01, 0.013, 0.016, 0.02, 0.025, 0.03, 0.04, 0.05, 0.065, 0.08, 0.1, 0.13, 0.16,
+    0.2, 0.25, 0.3, 0.4, 0.5, 0.65, 0.8, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0,
+];
 const AUTHORITY: &str = "greeter.test:50051";
 
 fn ms(n: u64) -> Duration {

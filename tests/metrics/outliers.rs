@@ -10,14 +10,17 @@ use tower::load::{CompleteOnResponse, PendingRequests};
 use tower::util::BoxService;
 use tower::{BoxError, Service, ServiceExt};
 use tower_retry_hedge::balance::{
-    Balance, EJECTIONS_ENFORCED, EJECTIONS_UNENFORCED, EjectionReason, FailurePercentageEjection,
-    OutlierDetection, OutlierDetectionBuilder, OutlierMetrics, Outliers,
+    Balance, EjectionReason, FailurePercentageEjection, OutlierDetection, OutlierDetectionBuilder,
+    OutlierMetrics, Outliers,
 };
 
 use super::{Recorded, Req, http_request};
 
 type Backend = PendingRequests<BoxService<Req, http::Response<()>, BoxError>>;
 
+/// A91's instruments, by the names gRPC gives them.
+const ENFORCED: &str = "grpc.lb.outlier_detection.ejections_enforced";
+const UNENFORCED: &str = "grpc.lb.outlier_detection.ejections_unenforced";
 const METHOD: &str = "grpc.lb.outlier_detection.detection_method";
 const REASON: &str = "grpc.lb.outlier_detection.unenforced_reason";
 
@@ -103,7 +106,7 @@ async fn an_ejection_counts_in_ejections_enforced_under_its_detection_method() {
     assert_eq!(ejected.len(), 1, "{ejected:?}");
     assert_eq!(ejected[0].reason, EjectionReason::FailurePercentage);
     assert_eq!(
-        recorded.counts(EJECTIONS_ENFORCED),
+        recorded.counts(ENFORCED),
         [(
             labels(&[
                 ("grpc.target", "dns:///backends.test:443"),
@@ -114,10 +117,7 @@ async fn an_ejection_counts_in_ejections_enforced_under_its_detection_method() {
         )]
     );
     // Nothing was left in rotation, and the earlier draft's names are gone.
-    assert_eq!(
-        recorded.names(),
-        BTreeSet::from([EJECTIONS_ENFORCED.to_owned()])
-    );
+    assert_eq!(recorded.names(), BTreeSet::from([ENFORCED.to_owned()]));
     let names = recorded.names();
     assert!(OLD_NAMES.iter().all(|old| !names.contains(*old)));
 }
@@ -132,8 +132,8 @@ async fn an_outlier_over_the_cap_counts_in_ejections_unenforced_as_max_ejection_
 
     assert_eq!(outliers.ejected().len(), 1);
     let method = [("grpc.target", "other"), (METHOD, "failure_percentage")];
-    assert_eq!(recorded.counts(EJECTIONS_ENFORCED), [(labels(&method), 1)]);
-    let unenforced = recorded.counts(EJECTIONS_UNENFORCED);
+    assert_eq!(recorded.counts(ENFORCED), [(labels(&method), 1)]);
+    let unenforced = recorded.counts(UNENFORCED);
     assert_eq!(unenforced.len(), 1, "{unenforced:?}");
     let (unenforced_labels, count) = &unenforced[0];
     let mut expected = labels(&method);
@@ -152,8 +152,8 @@ async fn an_enforcement_percentage_of_0_counts_outliers_in_ejections_unenforced(
     let outliers = calls(&[503, 200, 200], failure_percentage(0), metrics).await;
 
     assert!(outliers.ejected().is_empty());
-    assert!(recorded.counts(EJECTIONS_ENFORCED).is_empty());
-    let unenforced = recorded.counts(EJECTIONS_UNENFORCED);
+    assert!(recorded.counts(ENFORCED).is_empty());
+    let unenforced = recorded.counts(UNENFORCED);
     let expected = labels(&[
         ("grpc.target", "dns:///backends.test:443"),
         (METHOD, "failure_percentage"),
@@ -181,9 +181,9 @@ async fn a_run_of_consecutive_failures_counts_under_consecutive_failures() {
         ("grpc.target", "dns:///backends.test:443"),
         (METHOD, "consecutive_failures"),
     ];
-    assert_eq!(recorded.counts(EJECTIONS_ENFORCED), [(labels(&method), 1)]);
+    assert_eq!(recorded.counts(ENFORCED), [(labels(&method), 1)]);
     // The second failing backend's run trips while the first is out: over the cap.
-    let unenforced = recorded.counts(EJECTIONS_UNENFORCED);
+    let unenforced = recorded.counts(UNENFORCED);
     assert_eq!(unenforced.len(), 1, "{unenforced:?}");
     let mut expected = labels(&method);
     expected.insert(REASON.to_owned(), "max_ejection_overflow".to_owned());

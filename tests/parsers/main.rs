@@ -6,11 +6,17 @@ use std::time::{Duration, SystemTime};
 use http::header::RETRY_AFTER;
 use http::{HeaderMap, HeaderValue};
 use proptest::prelude::*;
-use tower_retry_hedge::grpc_timeout::{self, GRPC_TIMEOUT, MAX_TIMEOUT};
+use tower_retry_hedge::grpc_timeout;
 use tower_retry_hedge::pushback::{
-    GRPC_RETRY_PUSHBACK_MS, Pushback, RETRY_AFTER_MAX, grpc_pushback, retry_after,
-    retry_after_capped, retry_after_from_headers,
+    Pushback, grpc_pushback, retry_after, retry_after_capped, retry_after_from_headers,
 };
+
+const GRPC_TIMEOUT: &str = "grpc-timeout";
+const GRPC_RETRY_PUSHBACK_MS: &str = "grpc-retry-pushback-ms";
+/// The longest timeout `grpc-timeout` carries, `99999999H`.
+const MAX_TIMEOUT: Duration = Duration::from_secs(99_999_999 * 3600);
+/// Where `Retry-After` delays saturate, as `pushback` documents: `u32::MAX` seconds.
+const RETRY_AFTER_MAX: Duration = Duration::from_secs(u32::MAX as u64);
 
 fn value(bytes: &[u8]) -> HeaderValue {
     HeaderValue::from_bytes(bytes).expect("test values are valid header values")

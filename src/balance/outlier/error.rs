@@ -19,7 +19,7 @@ pub enum OutlierRule {
         /// What serde_json found wrong.
         message: String,
     },
-    /// The document is longer than [`MAX_DOCUMENT_BYTES`](crate::config::MAX_DOCUMENT_BYTES).
+    /// The document is longer than 1 MiB.
     DocumentTooLarge {
         /// The limit, in bytes.
         max: usize,

@@ -26,8 +26,7 @@ impl OutlierDetection {
     /// failures: it is off ([`to_builder`](Self::to_builder) turns it on); the failure
     /// half-life and codes keep the balancer's defaults.
     ///
-    /// The input is untrusted: a document longer than
-    /// [`MAX_DOCUMENT_BYTES`](crate::config::MAX_DOCUMENT_BYTES), bad JSON, a wrong type, a
+    /// The input is untrusted: a document longer than 1 MiB, bad JSON, a wrong type, a
     /// malformed or negative duration, an `interval` of zero, a percentage above 100 or an
     /// integer out of range is an [`OutlierDetectionError`] naming the field and the rule.
     ///

@@ -29,7 +29,7 @@ pub use self::error::{OutlierDetectionError, OutlierRule};
 /// | [`failure_percentage`](OutlierDetectionBuilder::failure_percentage) | threshold 85, enforcement 100, minimum hosts 3, request volume 10 | off (when on: 85, 100, 5, 50) |
 /// | [`success_rate`](OutlierDetectionBuilder::success_rate) | off | off (when on: stdev factor 1900, 100, 5, 100) |
 /// | [`failure_half_life`](OutlierDetectionBuilder::failure_half_life) | 2 s | (not in A50) |
-/// | [`failure_codes`](OutlierDetectionBuilder::failure_codes) | [`DEFAULT_FAILURE_CODES`] | (A50: every code but `OK`) |
+/// | [`failure_codes`](OutlierDetectionBuilder::failure_codes) | the codes whose HTTP mapping is a 5xx or 429 | (A50: every code but `OK`) |
 ///
 /// ```
 /// use std::time::Duration;
@@ -81,14 +81,7 @@ pub struct OutlierDetection {
 /// `DATA_LOSS`. Codes that speak of the request (`INVALID_ARGUMENT`, `NOT_FOUND`, …) or of the
 /// caller (`CANCELLED`) do not.
 ///
-/// ```
-/// use tower_retry_hedge::balance::DEFAULT_FAILURE_CODES;
-/// use tower_retry_hedge::classify::Code;
-///
-/// assert!(DEFAULT_FAILURE_CODES.contains(Code::Unavailable));
-/// assert!(!DEFAULT_FAILURE_CODES.contains(Code::NotFound));
-/// ```
-pub const DEFAULT_FAILURE_CODES: GrpcCodes = GrpcCodes::empty()
+pub(crate) const DEFAULT_FAILURE_CODES: GrpcCodes = GrpcCodes::empty()
     .with(Code::Unknown)
     .with(Code::DeadlineExceeded)
     .with(Code::ResourceExhausted)
@@ -386,7 +379,9 @@ impl OutlierDetectionBuilder {
     }
 
     /// The gRPC codes that count as a backend's failure (in a Trailers-Only response's
-    /// headers, or in the trailers); [`DEFAULT_FAILURE_CODES`] unless set. HTTP 5xx and 429
+    /// headers, or in the trailers). Unless set: `UNKNOWN`, `DEADLINE_EXCEEDED`,
+    /// `RESOURCE_EXHAUSTED`, `UNIMPLEMENTED`, `INTERNAL`, `UNAVAILABLE` and `DATA_LOSS`, the codes
+    /// whose HTTP mapping is a 5xx or 429. HTTP 5xx and 429
     /// answers without a gRPC status, and errors of the backend's service, always count.
     pub fn failure_codes(mut self, codes: GrpcCodes) -> Self {
         self.config.failure_codes = codes;
