@@ -45,7 +45,7 @@ use tower_retry_hedge::config::ServiceConfig;
 use tower_retry_hedge::metadata::{AttemptInfo, Attempts};
 use tower_retry_hedge::stats::MethodSnapshot;
 use tower_retry_hedge::telemetry::RetryMetrics;
-use tower_retry_hedge::{HedgeLayer, RetryLayer, Throttle};
+use tower_retry_hedge::{HedgeLayer, RetryLayer};
 use tracing::span::Record;
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::field::RecordFields;
@@ -238,12 +238,9 @@ async fn run_client(
 ) -> Result<(), Box<dyn Error + Send + Sync>> {
     let config = ServiceConfig::from_json(SERVICE_CONFIG)?;
     // `config.policies()` builds the whole table, throttle included, in one line. Here the
-    // throttle is built from the same `retryThrottling` numbers by hand, to keep a handle on
-    // it and print its tokens.
-    let throttling = config
-        .retry_throttling()
-        .ok_or("the config has retryThrottling")?;
-    let throttle = Throttle::new(throttling.max_tokens(), throttling.token_ratio())?;
+    // throttle is taken from `retryThrottling` first, to keep a handle on it and print its
+    // tokens.
+    let throttle = config.throttle().ok_or("the config has retryThrottling")?;
     // gRFC A96's metrics go to an OpenTelemetry meter; an in-memory exporter keeps them for
     // the summary. The generated client sends path-only URIs, so the target is named here.
     let exporter = InMemoryMetricExporter::default();

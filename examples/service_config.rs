@@ -206,14 +206,11 @@ fn attempts_of(result: &Result<Response<EchoReply>, Status>) -> u32 {
 async fn main() -> Result<(), Box<dyn Error>> {
     // The service config, checked against every rule of gRFC A6.
     let config = ServiceConfig::from_json(SERVICE_CONFIG)?;
-    println!("service config: {}", config.to_json());
+    println!("service config: {SERVICE_CONFIG}");
 
-    // The policy table. The throttle is built here from `retryThrottling` (rather than
-    // by `config.policies()`) only so that the example can print its tokens.
-    let throttling = config
-        .retry_throttling()
-        .ok_or("the config has retryThrottling")?;
-    let throttle = Throttle::new(throttling.max_tokens(), throttling.token_ratio())?;
+    // The policy table. The throttle is taken here from `retryThrottling` (rather than
+    // left to `config.policies()`) only so that the example can print its tokens.
+    let throttle = config.throttle().ok_or("the config has retryThrottling")?;
     let policies = config
         .policies_builder_with(Jitter::GRPC)
         .throttle(throttle.clone())

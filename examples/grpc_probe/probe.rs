@@ -475,24 +475,24 @@ impl Probe {
         deadline: Option<Duration>,
     ) -> Probe {
         let policies = config.policies();
+        let timeout = policies
+            .lookup(&http::Method::POST, method.path())
+            .and_then(|policy| policy.timeout())
+            .filter(|t| !t.is_zero());
         let service = ServiceBuilder::new()
             .layer(HedgeLayer::new(policies.clone()))
             .layer(RetryLayer::new(policies))
             .layer_fn(CountAttempts)
             .service(channel);
         let mut client = Grpc::new(service);
-        let method_config = config.lookup_path(method.path());
-        let timeout = method_config
-            .and_then(|m| m.timeout())
-            .filter(|t| !t.is_zero());
         let deadline = match (deadline, timeout) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        if let Some(limit) = method_config.and_then(|m| m.max_request_message_bytes()) {
+        if let Some(limit) = config.max_request_message_bytes(method.path()) {
             client = client.max_encoding_message_size(usize::try_from(limit).unwrap_or(usize::MAX));
         }
-        if let Some(limit) = method_config.and_then(|m| m.max_response_message_bytes()) {
+        if let Some(limit) = config.max_response_message_bytes(method.path()) {
             client = client.max_decoding_message_size(usize::try_from(limit).unwrap_or(usize::MAX));
         }
         Probe {

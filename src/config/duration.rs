@@ -45,23 +45,12 @@ impl std::error::Error for DurationError {}
 /// The grammar is exact: no `+`, no exponent, no whitespace, no leading zeros (`"01s"`),
 /// no `".5s"` nor `"1.s"` (A6 requires the number to be a valid JSON number; the
 /// protobuf reference parser rejects these two as well). Seconds range over
-/// ±315 576 000 000 seconds (10 000 years, as protobuf's `Duration`). No floating point is involved.
+/// ±315 576 000 000 seconds (10 000 years, as protobuf's `Duration`). No floating point is
+/// involved.
 ///
 /// Negative durations are valid proto3 but no A6 field allows them, so they are
 /// reported as [`DurationError::Negative`]; `"-0s"` and `"-0.000s"` are zero.
-///
-/// ```
-/// use std::time::Duration;
-/// use tower_retry_hedge::config::{DurationError, parse_duration};
-///
-/// assert_eq!(parse_duration("0.1s"), Ok(Duration::from_millis(100)));
-/// assert_eq!(parse_duration("1.000000001s"), Ok(Duration::new(1, 1)));
-/// assert_eq!(parse_duration("1"), Err(DurationError::MissingSuffix));
-/// assert_eq!(parse_duration("-1s"), Err(DurationError::Negative));
-/// assert_eq!(parse_duration("1.0000000001s"), Err(DurationError::TooManyFractionDigits));
-/// assert_eq!(parse_duration(".5s"), Err(DurationError::Malformed));
-/// ```
-pub fn parse_duration(s: &str) -> Result<Duration, DurationError> {
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, DurationError> {
     let number = s.strip_suffix('s').ok_or(DurationError::MissingSuffix)?;
     let (negative, unsigned) = match number.strip_prefix('-') {
         Some(rest) => (true, rest),
@@ -118,15 +107,8 @@ pub fn parse_duration(s: &str) -> Result<Duration, DurationError> {
 ///
 /// The result parses back with [`parse_duration`] when the duration is at most
 /// 315 576 000 000 seconds long, which every duration of a parsed config is.
-///
-/// ```
-/// use std::time::Duration;
-/// use tower_retry_hedge::config::format_duration;
-///
-/// assert_eq!(format_duration(Duration::from_millis(1500)), "1.500s");
-/// assert_eq!(format_duration(Duration::ZERO), "0s");
-/// ```
-pub fn format_duration(duration: Duration) -> String {
+#[cfg(test)]
+pub(crate) fn format_duration(duration: Duration) -> String {
     let seconds = duration.as_secs();
     let nanos = duration.subsec_nanos();
     if nanos == 0 {

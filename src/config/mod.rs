@@ -2,10 +2,11 @@
 //!
 //! [`ServiceConfig::from_json`] reads the JSON a grpc-go, grpc-java or grpc C-core
 //! client would be given (`methodConfig`, `retryPolicy`, `hedgingPolicy`, `timeout`,
-//! `retryThrottling`, ...) and returns a data model of plain, already validated Rust
-//! values. Every violation is a [`ConfigError`] that names the JSON path and the rule
-//! broken, such as
-//! `methodConfig[0].retryPolicy.maxAttempts: must be an integer >= 2, got 1`.
+//! `retryThrottling`, ...), validates it, and makes the layers' [`Policies`](crate::Policies)
+//! from it: the same [`RetryPolicy`](crate::RetryPolicy) and
+//! [`HedgePolicy`](crate::HedgePolicy) a policy written in code is, so there is one policy
+//! model. Every violation is a [`ConfigError`] that names the JSON path and the rule broken,
+//! such as `methodConfig[0].retryPolicy.maxAttempts: must be an integer >= 2, got 1`.
 //!
 //! # Example
 //!
@@ -13,8 +14,10 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use tower_retry_hedge::classify::{Code, GrpcCodes};
+//! use http::Method;
+//! use tower_retry_hedge::backoff::Backoff;
 //! use tower_retry_hedge::config::ServiceConfig;
+//! use tower_retry_hedge::MethodPolicy;
 //!
 //! let json = r#"{
 //!   "loadBalancingPolicy": "round_robin",
@@ -32,20 +35,23 @@
 //! }"#;
 //!
 //! let config = ServiceConfig::from_json(json)?;
-//! let method = config.lookup_path("/helloworld.Greeter/SayHello").expect("configured");
-//! let retry = method.retry_policy().expect("a retry policy");
-//! assert_eq!(retry.max_attempts(), 4);
-//! assert_eq!(retry.initial_backoff(), Duration::from_millis(100));
-//! assert_eq!(retry.max_backoff(), Duration::from_secs(1));
-//! assert_eq!(retry.backoff_multiplier(), 2.0);
-//! assert_eq!(retry.retryable_status_codes(), GrpcCodes::from([Code::Unavailable]));
+//! assert_eq!(config.throttle().expect("retryThrottling").max_tokens(), 10);
 //!
-//! let throttling = config.retry_throttling().expect("throttling");
-//! assert_eq!(throttling.max_tokens(), 10);
-//! assert_eq!(throttling.token_ratio_milli(), 100);
+//! let policies = config.policies();
+//! let Some(MethodPolicy::Retry(retry)) =
+//!     policies.lookup(&Method::POST, "/helloworld.Greeter/SayHello")
+//! else {
+//!     panic!("a retry policy");
+//! };
+//! assert_eq!(retry.max_attempts(), 4);
+//! // The first wait is `initialBackoff`, the later ones stop at `maxBackoff`: each with
+//! // gRPC's ±20 % jitter.
+//! let first = retry.backoff().delay(0);
+//! assert!(first >= Duration::from_millis(80) && first <= Duration::from_millis(120));
+//! assert!(retry.backoff().delay(10) <= Duration::from_millis(1200));
 //!
 //! // Other methods have no configuration: no default was given.
-//! assert!(config.lookup_path("/helloworld.Greeter/SayGoodbye").is_none());
+//! assert!(policies.lookup(&Method::POST, "/helloworld.Greeter/SayGoodbye").is_none());
 //! # Ok::<(), tower_retry_hedge::config::ConfigError>(())
 //! ```
 //!
@@ -53,7 +59,9 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use tower_retry_hedge::config::{MethodPolicy, Rule, ServiceConfig};
+//! use http::Method;
+//! use tower_retry_hedge::config::{Rule, ServiceConfig};
+//! use tower_retry_hedge::MethodPolicy;
 //!
 //! let json = r#"{
 //!   "methodConfig": [
@@ -64,21 +72,20 @@
 //!   ]
 //! }"#;
 //! let config: ServiceConfig = json.parse()?;
+//! let policies = config.policies();
 //!
-//! let search = config.method_config("pkg.Search", "Query").expect("service-wide");
-//! match search.policy() {
-//!     Some(MethodPolicy::Hedging(hedge)) => {
+//! match policies.lookup(&Method::POST, "/pkg.Search/Query") {
+//!     Some(MethodPolicy::Hedge(hedge)) => {
 //!         assert_eq!(hedge.max_attempts(), 3);
-//!         assert_eq!(hedge.hedging_delay(), Duration::from_millis(50));
-//!         assert_eq!(hedge.non_fatal_status_codes().len(), 2);
+//!         assert_eq!(hedge.delay().current(), Duration::from_millis(50));
 //!     }
 //!     other => panic!("expected hedging, got {other:?}"),
 //! }
 //!
-//! let other = config.lookup_path("/pkg.Users/Get").expect("the default");
-//! assert!(other.policy().is_none());
+//! // The default has no retry or hedging policy: a deadline, and wait-for-ready.
+//! let other = policies.lookup(&Method::POST, "/pkg.Users/Get").expect("the default");
+//! assert!(matches!(other, MethodPolicy::WaitForReady(_)));
 //! assert_eq!(other.timeout(), Some(Duration::from_millis(2500)));
-//! assert_eq!(other.wait_for_ready(), Some(true));
 //!
 //! let err = ServiceConfig::from_json(
 //!     r#"{"methodConfig": [{"name": [{}], "retryPolicy": {"maxAttempts": 1}}]}"#,
@@ -212,7 +219,9 @@
 //!   and A6 sets no lower bound. grpc-go and grpc-java apply it as a deadline that has
 //!   already expired; C-core reads 0 as "no timeout". The model keeps the value; the
 //!   layer decides.
-//! * **Durations** follow the proto3 JSON form exactly, see [`parse_duration`]:
+//! * **Durations** follow the proto3 JSON form exactly: an optional `-`, whole seconds,
+//!   optionally `.` and 1 to 9 digits, and `s`; no `+`, exponent, whitespace or leading
+//!   zeros, and at most 315 576 000 000 seconds (protobuf's 10 000 years).
 //!   `".5s"` and `"1.s"` are rejected. A6 says the numeric part "must be a valid JSON
 //!   number", which neither is, and the protobuf reference parser
 //!   (`json/internal/parser.cc`) rejects both too ("duration must start with an
@@ -253,15 +262,21 @@ mod model;
 mod parse;
 mod policies;
 mod service_config;
+#[cfg(test)]
+mod tests;
 mod unknown;
+#[cfg(test)]
 mod write;
 
-pub use duration::{DurationError, format_duration, parse_duration};
+pub use duration::DurationError;
+#[cfg(test)]
+pub(crate) use duration::format_duration;
+pub(crate) use duration::parse_duration;
 // The balancer's outlier-detection config quotes bad values the same way.
 #[cfg(feature = "balance")]
 pub(crate) use error::quote as quote_json;
 pub use error::{ConfigError, Rule};
-pub use model::{
+pub(crate) use model::{
     HedgingPolicyConfig, MethodConfig, MethodName, MethodPolicy, RetryPolicyConfig, RetryThrottling,
 };
 pub use policies::PolicyOptions;

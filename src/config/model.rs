@@ -9,7 +9,7 @@ use crate::classify::GrpcCodes;
 /// service (`method` is `None`), or every method (the default: empty `service`, no
 /// `method`).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct MethodName {
+pub(crate) struct MethodName {
     pub(super) service: String,
     pub(super) method: Option<String>,
 }
@@ -17,26 +17,26 @@ pub struct MethodName {
 impl MethodName {
     /// The fully-qualified service name, such as `helloworld.Greeter`; empty for the
     /// default name.
-    pub fn service(&self) -> &str {
+    pub(crate) fn service(&self) -> &str {
         &self.service
     }
 
     /// The method name, such as `SayHello`; `None` when the name covers the whole
     /// service (or is the default).
-    pub fn method(&self) -> Option<&str> {
+    pub(crate) fn method(&self) -> Option<&str> {
         self.method.as_deref()
     }
 
     /// Whether this is the default name, which applies to every method not otherwise
     /// named.
-    pub fn is_default(&self) -> bool {
+    pub(crate) fn is_default(&self) -> bool {
         self.service.is_empty()
     }
 }
 
 /// A validated `retryPolicy`.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct RetryPolicyConfig {
+pub(crate) struct RetryPolicyConfig {
     pub(super) max_attempts: u32,
     pub(super) initial_backoff: Duration,
     pub(super) max_backoff: Duration,
@@ -47,35 +47,35 @@ pub struct RetryPolicyConfig {
 impl RetryPolicyConfig {
     /// `maxAttempts`: attempts in all, the original one included; >= 2, as given
     /// (saturated to `u32::MAX`), not yet clamped to the client's cap.
-    pub fn max_attempts(&self) -> u32 {
+    pub(crate) fn max_attempts(&self) -> u32 {
         self.max_attempts
     }
 
     /// `initialBackoff`: > 0.
-    pub fn initial_backoff(&self) -> Duration {
+    pub(crate) fn initial_backoff(&self) -> Duration {
         self.initial_backoff
     }
 
     /// `maxBackoff`: > 0; may be below `initial_backoff` (then every delay is
     /// `max_backoff`).
-    pub fn max_backoff(&self) -> Duration {
+    pub(crate) fn max_backoff(&self) -> Duration {
         self.max_backoff
     }
 
     /// `backoffMultiplier`: finite and > 0.
-    pub fn backoff_multiplier(&self) -> f64 {
+    pub(crate) fn backoff_multiplier(&self) -> f64 {
         self.backoff_multiplier
     }
 
     /// `retryableStatusCodes`: never empty.
-    pub fn retryable_status_codes(&self) -> GrpcCodes {
+    pub(crate) fn retryable_status_codes(&self) -> GrpcCodes {
         self.retryable_status_codes
     }
 }
 
 /// A validated `hedgingPolicy`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct HedgingPolicyConfig {
+pub(crate) struct HedgingPolicyConfig {
     pub(super) max_attempts: u32,
     pub(super) hedging_delay: Duration,
     pub(super) non_fatal_status_codes: GrpcCodes,
@@ -84,24 +84,24 @@ pub struct HedgingPolicyConfig {
 impl HedgingPolicyConfig {
     /// `maxAttempts`: attempts in all, the original one included; >= 2, as given
     /// (saturated to `u32::MAX`), not yet clamped to the client's cap.
-    pub fn max_attempts(&self) -> u32 {
+    pub(crate) fn max_attempts(&self) -> u32 {
         self.max_attempts
     }
 
     /// `hedgingDelay`: zero (send all attempts at once) when absent.
-    pub fn hedging_delay(&self) -> Duration {
+    pub(crate) fn hedging_delay(&self) -> Duration {
         self.hedging_delay
     }
 
     /// `nonFatalStatusCodes`: empty when absent.
-    pub fn non_fatal_status_codes(&self) -> GrpcCodes {
+    pub(crate) fn non_fatal_status_codes(&self) -> GrpcCodes {
         self.non_fatal_status_codes
     }
 }
 
 /// The policy of a method config: retries or hedging, never both.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum MethodPolicy {
+pub(crate) enum MethodPolicy {
     /// A `retryPolicy`.
     Retry(RetryPolicyConfig),
     /// A `hedgingPolicy`.
@@ -110,7 +110,7 @@ pub enum MethodPolicy {
 
 /// One validated entry of `methodConfig`.
 #[derive(Debug, Clone, PartialEq)]
-pub struct MethodConfig {
+pub(crate) struct MethodConfig {
     pub(super) names: Vec<MethodName>,
     pub(super) policy: Option<MethodPolicy>,
     pub(super) timeout: Option<Duration>,
@@ -121,17 +121,18 @@ pub struct MethodConfig {
 
 impl MethodConfig {
     /// The names this config applies to (possibly none).
-    pub fn names(&self) -> &[MethodName] {
+    pub(crate) fn names(&self) -> &[MethodName] {
         &self.names
     }
 
     /// The retry or hedging policy, if any.
-    pub fn policy(&self) -> Option<&MethodPolicy> {
+    pub(crate) fn policy(&self) -> Option<&MethodPolicy> {
         self.policy.as_ref()
     }
 
     /// The retry policy, if the policy is one.
-    pub fn retry_policy(&self) -> Option<&RetryPolicyConfig> {
+    #[cfg(test)]
+    pub(crate) fn retry_policy(&self) -> Option<&RetryPolicyConfig> {
         match &self.policy {
             Some(MethodPolicy::Retry(retry)) => Some(retry),
             _ => None,
@@ -139,7 +140,8 @@ impl MethodConfig {
     }
 
     /// The hedging policy, if the policy is one.
-    pub fn hedging_policy(&self) -> Option<&HedgingPolicyConfig> {
+    #[cfg(test)]
+    pub(crate) fn hedging_policy(&self) -> Option<&HedgingPolicyConfig> {
         match &self.policy {
             Some(MethodPolicy::Hedging(hedging)) => Some(hedging),
             _ => None,
@@ -148,46 +150,47 @@ impl MethodConfig {
 
     /// `timeout`: the default deadline of a call, across all its attempts. May be
     /// zero (see the module docs).
-    pub fn timeout(&self) -> Option<Duration> {
+    pub(crate) fn timeout(&self) -> Option<Duration> {
         self.timeout
     }
 
     /// `waitForReady`, kept for callers.
-    pub fn wait_for_ready(&self) -> Option<bool> {
+    pub(crate) fn wait_for_ready(&self) -> Option<bool> {
         self.wait_for_ready
     }
 
     /// `maxRequestMessageBytes`, kept for callers.
-    pub fn max_request_message_bytes(&self) -> Option<u64> {
+    pub(crate) fn max_request_message_bytes(&self) -> Option<u64> {
         self.max_request_message_bytes
     }
 
     /// `maxResponseMessageBytes`, kept for callers.
-    pub fn max_response_message_bytes(&self) -> Option<u64> {
+    pub(crate) fn max_response_message_bytes(&self) -> Option<u64> {
         self.max_response_message_bytes
     }
 }
 
 /// A validated `retryThrottling`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct RetryThrottling {
+pub(crate) struct RetryThrottling {
     pub(super) max_tokens: u32,
     pub(super) token_ratio_milli: u32,
 }
 
 impl RetryThrottling {
     /// `maxTokens`: in 1..=1000.
-    pub fn max_tokens(&self) -> u32 {
+    pub(crate) fn max_tokens(&self) -> u32 {
         self.max_tokens
     }
 
     /// `tokenRatio` in thousandths, digits past the third decimal dropped: >= 1.
-    pub fn token_ratio_milli(&self) -> u32 {
+    #[cfg(test)]
+    pub(crate) fn token_ratio_milli(&self) -> u32 {
         self.token_ratio_milli
     }
 
     /// `tokenRatio`, as the three-decimal value in force (0.5466 gives 0.546).
-    pub fn token_ratio(&self) -> f64 {
+    pub(crate) fn token_ratio(&self) -> f64 {
         f64::from(self.token_ratio_milli) / 1000.0
     }
 }

@@ -1,24 +1,26 @@
-//! [`ServiceConfig`]: the validated document, its lookups, and its JSON and serde forms.
+//! [`ServiceConfig`]: the validated document, its lookups, and its serde form.
 
 use std::str::FromStr;
 
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 
 use super::index::{NameIndex, Slot};
 use super::{
     ConfigError, IgnoredKey, MAX_DOCUMENT_BYTES, MethodConfig, RetryThrottling, parse, unknown,
-    write,
 };
 use crate::grpc_path;
+use crate::throttle::Throttle;
 
-/// A validated gRPC service config: its method configs and its retry throttling.
+/// A validated gRPC service config: its method configs and its retry throttling, ready to
+/// become the layers' [`Policies`](crate::Policies).
 ///
-/// Build it with [`ServiceConfig::from_json`] (or `str::parse`, or serde); find the
-/// config of a call with [`ServiceConfig::lookup_path`] or
-/// [`ServiceConfig::method_config`]. [`ServiceConfig::to_json`] writes it back as
-/// service-config JSON that parses to an equal value. The default value is the empty
-/// config (`{}`).
+/// Build it with [`ServiceConfig::from_json`] (or `str::parse`, or serde); turn it into the
+/// policy table with [`ServiceConfig::policies`], whose
+/// [`lookup`](crate::Policies::lookup) gives each method's [`RetryPolicy`](crate::RetryPolicy)
+/// or [`HedgePolicy`](crate::HedgePolicy) and its timeout. There is one policy model: the
+/// config has no public types of its own beyond its error and its ignored keys. The default
+/// value is the empty config (`{}`).
 ///
 /// Keys gRPC does not define are ignored, as gRPC ignores them, but not silently: the parse
 /// logs them in one `WARN` event and [`ServiceConfig::ignored`] lists them, with a "did you
@@ -29,8 +31,7 @@ use crate::grpc_path;
 /// use tower_retry_hedge::config::ServiceConfig;
 ///
 /// let config = ServiceConfig::from_json(r#"{"loadBalancingPolicy": "round_robin"}"#)?;
-/// assert!(config.method_configs().is_empty());
-/// assert!(config.retry_throttling().is_none());
+/// assert!(config.throttle().is_none());
 /// assert_eq!(config, ServiceConfig::default());
 /// # Ok::<(), tower_retry_hedge::config::ConfigError>(())
 /// ```
@@ -43,8 +44,7 @@ pub struct ServiceConfig {
     pub(super) ignored_count: usize,
 }
 
-/// The configuration, not the keys its document had that were ignored: a config equals
-/// the one [`ServiceConfig::to_json`] writes.
+/// The configuration, not the keys its document had that were ignored.
 impl PartialEq for ServiceConfig {
     fn eq(&self, other: &ServiceConfig) -> bool {
         self.method_configs == other.method_configs
@@ -125,7 +125,7 @@ impl ServiceConfig {
     /// order they were read (object by object; the keys of one object in sorted order): at
     /// most the first 100; see
     /// [`ignored_count`](ServiceConfig::ignored_count) for them all. Empty for a config
-    /// parsed strictly, built in code or deserialized from [`ServiceConfig::to_json`].
+    /// parsed strictly or built by `Default`.
     ///
     /// A key is unknown when gRPC's service config does not define it in that place. Keys
     /// gRPC defines are never listed, even those this crate does not use: `loadBalancingPolicy`,
@@ -159,8 +159,9 @@ impl ServiceConfig {
     ///     "methodConfig[0].retryPolicy.comment",
     /// ]);
     /// // The misspelt "retryThrottling" means no throttle, and "methdo" the whole service.
-    /// assert!(config.retry_throttling().is_none());
-    /// assert!(config.method_config("pkg.Search", "Other").is_some());
+    /// assert!(config.throttle().is_none());
+    /// let policies = config.policies();
+    /// assert!(policies.lookup(&http::Method::POST, "/pkg.Search/Other").is_some());
     /// # Ok::<(), tower_retry_hedge::config::ConfigError>(())
     /// ```
     pub fn ignored(&self) -> &[IgnoredKey] {
@@ -173,18 +174,52 @@ impl ServiceConfig {
         self.ignored_count
     }
 
+    /// A new A6 retry throttle as `retryThrottling` describes it, if the config has one:
+    /// what [`policies`](ServiceConfig::policies) gives the layers. Make it here to read its
+    /// state while calls run, or to share one throttle between several policy tables.
+    ///
+    /// ```
+    /// use tower_retry_hedge::backoff::Jitter;
+    /// use tower_retry_hedge::config::ServiceConfig;
+    ///
+    /// let config = ServiceConfig::from_json(
+    ///     r#"{"retryThrottling": {"maxTokens": 10, "tokenRatio": 0.1}}"#,
+    /// )?;
+    /// let throttle = config.throttle().expect("configured");
+    /// assert_eq!(throttle.max_tokens(), 10);
+    /// let policies = config.policies_builder_with(Jitter::GRPC).throttle(throttle.clone()).build();
+    /// # let _ = policies;
+    /// # Ok::<(), tower_retry_hedge::config::ConfigError>(())
+    /// ```
+    pub fn throttle(&self) -> Option<Throttle> {
+        let throttling = self.retry_throttling?;
+        Throttle::new(throttling.max_tokens(), throttling.token_ratio()).ok()
+    }
+
+    /// `maxRequestMessageBytes` of the method config that applies to a gRPC request path
+    /// (`/package.Service/Method`), for the client's encoder; gRFC A6 does not use it.
+    pub fn max_request_message_bytes(&self, path: &str) -> Option<u64> {
+        self.lookup_path(path)?.max_request_message_bytes()
+    }
+
+    /// `maxResponseMessageBytes` of the method config that applies to a gRPC request path,
+    /// for the client's decoder; gRFC A6 does not use it.
+    pub fn max_response_message_bytes(&self, path: &str) -> Option<u64> {
+        self.lookup_path(path)?.max_response_message_bytes()
+    }
+
     /// The method configs, in document order.
-    pub fn method_configs(&self) -> &[MethodConfig] {
+    pub(crate) fn method_configs(&self) -> &[MethodConfig] {
         &self.method_configs
     }
 
     /// The retry throttling, if configured.
-    pub fn retry_throttling(&self) -> Option<RetryThrottling> {
+    pub(crate) fn retry_throttling(&self) -> Option<RetryThrottling> {
         self.retry_throttling
     }
 
     /// The method config of the default name (`{}`), if any.
-    pub fn default_method_config(&self) -> Option<&MethodConfig> {
+    pub(crate) fn default_method_config(&self) -> Option<&MethodConfig> {
         self.at(self.index.find_default())
     }
 
@@ -194,22 +229,7 @@ impl ServiceConfig {
     ///
     /// The most specific config applies whole: a method config without a policy that
     /// names the method turns off the retry policy its service or the default has.
-    ///
-    /// ```
-    /// use tower_retry_hedge::config::ServiceConfig;
-    ///
-    /// let config = ServiceConfig::from_json(r#"{"methodConfig": [
-    ///     {"name": [{"service": "s", "method": "m"}], "timeout": "1s"},
-    ///     {"name": [{"service": "s"}], "timeout": "2s"},
-    ///     {"name": [{}], "timeout": "3s"}
-    /// ]}"#)?;
-    /// let timeout = |s, m| config.method_config(s, m).and_then(|c| c.timeout());
-    /// assert_eq!(timeout("s", "m").unwrap().as_secs(), 1);
-    /// assert_eq!(timeout("s", "other").unwrap().as_secs(), 2);
-    /// assert_eq!(timeout("t", "m").unwrap().as_secs(), 3);
-    /// # Ok::<(), tower_retry_hedge::config::ConfigError>(())
-    /// ```
-    pub fn method_config(&self, service: &str, method: &str) -> Option<&MethodConfig> {
+    pub(crate) fn method_config(&self, service: &str, method: &str) -> Option<&MethodConfig> {
         self.at(self.index.find(service, method))
     }
 
@@ -219,32 +239,18 @@ impl ServiceConfig {
     /// A path that is not of that form (no leading `/`, no second `/`, an empty
     /// service or method, or a third `/`) can match no name, so it gets the default
     /// config (or none), as in grpc-go.
-    pub fn lookup_path(&self, path: &str) -> Option<&MethodConfig> {
+    pub(crate) fn lookup_path(&self, path: &str) -> Option<&MethodConfig> {
         match grpc_path::split(path) {
             Some((service, method)) => self.method_config(service, method),
             None => self.default_method_config(),
         }
     }
 
-    /// The config as a `serde_json::Value` in service-config form.
-    pub fn to_value(&self) -> Value {
-        write::service_config_value(self)
-    }
-
-    /// The config as service-config JSON, which [`ServiceConfig::from_json`] parses
-    /// back to an equal value.
-    ///
-    /// ```
-    /// use tower_retry_hedge::config::ServiceConfig;
-    ///
-    /// let json = r#"{"methodConfig":[{"name":[{"service":"s"}],
-    ///     "hedgingPolicy":{"maxAttempts":3,"hedgingDelay":"0.1s"}}]}"#;
-    /// let config = ServiceConfig::from_json(json)?;
-    /// assert_eq!(ServiceConfig::from_json(&config.to_json())?, config);
-    /// # Ok::<(), tower_retry_hedge::config::ConfigError>(())
-    /// ```
-    pub fn to_json(&self) -> String {
-        self.to_value().to_string()
+    /// The config as service-config JSON, which [`ServiceConfig::from_json`] parses back to
+    /// an equal value: the property tests' way back.
+    #[cfg(test)]
+    pub(crate) fn to_json(&self) -> String {
+        super::write::service_config_value(self).to_string()
     }
 
     fn at(&self, slot: Option<Slot>) -> Option<&MethodConfig> {
@@ -257,12 +263,6 @@ impl FromStr for ServiceConfig {
 
     fn from_str(json: &str) -> Result<ServiceConfig, ConfigError> {
         ServiceConfig::from_json(json)
-    }
-}
-
-impl Serialize for ServiceConfig {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        self.to_value().serialize(serializer)
     }
 }
 

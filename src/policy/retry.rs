@@ -212,7 +212,7 @@ impl RetryPolicyBuilder {
     ///
     /// let policy = RetryPolicy::builder().wait_for_ready(true).build()?;
     /// # let _ = policy;
-    /// # Ok::<(), tower_retry_hedge::policy::BuildError>(())
+    /// # Ok::<(), tower_retry_hedge::error::BuildError>(())
     /// ```
     pub fn wait_for_ready(mut self, enabled: bool) -> Self {
         self.wait_for_ready = enabled;
@@ -254,7 +254,7 @@ impl RetryPolicyBuilder {
     ///         }
     ///     })
     ///     .build()?;
-    /// # Ok::<(), tower_retry_hedge::policy::BuildError>(())
+    /// # Ok::<(), tower_retry_hedge::error::BuildError>(())
     /// ```
     pub fn on_retry(
         mut self,

@@ -745,7 +745,8 @@ mod args {
         .expect("valid");
         assert!(
             args.service_config
-                .lookup_path("/interop.Retry/X")
+                .policies()
+                .lookup(&http::Method::POST, "/interop.Retry/X")
                 .is_some()
         );
 

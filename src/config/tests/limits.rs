@@ -1,7 +1,7 @@
 //! Limits on untrusted input: document size, entry counts, nesting depth, and the
 //! length of values quoted in errors.
 
-use tower_retry_hedge::config::{Rule, ServiceConfig};
+use crate::config::{Rule, ServiceConfig};
 
 use super::*;
 

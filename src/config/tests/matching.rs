@@ -13,7 +13,7 @@ const LEVELS: &str = r#"{"methodConfig": [
     {"name": [{}], "timeout": "3s"}
 ]}"#;
 
-fn seconds(config: Option<&tower_retry_hedge::config::MethodConfig>) -> Option<u64> {
+fn seconds(config: Option<&crate::config::MethodConfig>) -> Option<u64> {
     config.and_then(|c| c.timeout()).map(|t| t.as_secs())
 }
 

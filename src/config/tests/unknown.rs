@@ -6,7 +6,7 @@ use std::io::Write;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use tower_retry_hedge::config::{IgnoredKey, Rule, ServiceConfig};
+use crate::config::{IgnoredKey, Rule, ServiceConfig};
 
 use super::*;
 

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use tower_retry_hedge::config::{DurationError, format_duration, parse_duration};
+use crate::config::{DurationError, format_duration, parse_duration};
 
 use super::MAX_DURATION_SECONDS;
 

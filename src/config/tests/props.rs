@@ -2,10 +2,10 @@
 
 use std::time::Duration;
 
+use crate::classify::{Code, GrpcCodes};
+use crate::config::{MethodPolicy, ServiceConfig, format_duration, parse_duration};
 use proptest::prelude::*;
 use serde_json::{Value, json};
-use tower_retry_hedge::classify::{Code, GrpcCodes};
-use tower_retry_hedge::config::{MethodPolicy, ServiceConfig, format_duration, parse_duration};
 
 use super::MAX_DURATION_SECONDS;
 

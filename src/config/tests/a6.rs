@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use tower_retry_hedge::classify::{Code, GrpcCodes};
+use crate::classify::{Code, GrpcCodes};
 
 use super::*;
 
