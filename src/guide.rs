@@ -36,7 +36,7 @@
 //!     .throttle(Throttle::new(20, 1.0)?)
 //!     // .method(..), .service(..), .route(..)
 //!     .build();
-//! # Ok::<(), tower_retry_hedge::throttle::ThrottleError>(())
+//! # Ok::<(), tower_retry_hedge::error::BuildError>(())
 //! ```
 //!
 //! or, in service config, `"retryThrottling": {"maxTokens": 20, "tokenRatio": 1}` (the same

@@ -27,8 +27,9 @@
 //! `Retry-After: <HTTP-date>` (RFC 9110 §10.2.3). [`retry_after`] reads either form into a
 //! delay from `now`: a date in the past is a delay of zero, and every delay saturates at
 //! `u32::MAX` seconds (about 136 years) rather than overflowing. Garbage is `None`: the
-//! header is advisory, so a caller falls back on its own backoff. Callers should cap what a server can
-//! make them wait; [`retry_after_capped`] does so.
+//! header is advisory, so a caller falls back on its own backoff. Callers should cap what a
+//! server can make them wait (the layers' HTTP classifier does,
+//! [`HttpStatuses::max_retry_after`](crate::classify::HttpStatuses::max_retry_after)).
 //!
 //! # Examples
 //!
@@ -47,22 +48,20 @@
 //! assert_eq!(grpc_pushback(&trailers), Some(Pushback::Stop));
 //! ```
 //!
-//! `Retry-After`, in both forms, capped at one minute:
+//! `Retry-After`, in both forms:
 //!
 //! ```
 //! use std::time::{Duration, SystemTime};
 //! use http::HeaderValue;
-//! use tower_retry_hedge::pushback::{retry_after, retry_after_capped};
+//! use tower_retry_hedge::pushback::retry_after;
 //!
 //! let now = SystemTime::UNIX_EPOCH + Duration::from_secs(784_111_777); // 06 Nov 1994 08:49:37
-//! let cap = Duration::from_secs(60);
 //!
 //! let seconds = HeaderValue::from_static("120");
 //! assert_eq!(retry_after(&seconds, now), Some(Duration::from_secs(120)));
-//! assert_eq!(retry_after_capped(&seconds, now, cap), Some(cap));
 //!
 //! let date = HeaderValue::from_static("Sun, 06 Nov 1994 08:50:07 GMT");
-//! assert_eq!(retry_after_capped(&date, now, cap), Some(Duration::from_secs(30)));
+//! assert_eq!(retry_after(&date, now), Some(Duration::from_secs(30)));
 //!
 //! assert_eq!(retry_after(&HeaderValue::from_static("soon"), now), None);
 //! ```
@@ -152,7 +151,7 @@ pub(crate) const RETRY_AFTER_MAX: Duration = Duration::from_secs(u32::MAX as u64
 ///   (about 136 years).
 ///
 /// Spaces and tabs around the value are ignored (they are not part of a field value).
-/// Anything else is `None`. The result is not capped: see [`retry_after_capped`].
+/// Anything else is `None`. The result is not capped.
 ///
 /// ```
 /// use std::time::{Duration, SystemTime};
@@ -178,24 +177,6 @@ pub fn retry_after(value: &HeaderValue, now: SystemTime) -> Option<Duration> {
     let date = httpdate::parse_http_date(text).ok()?;
     let delay = date.duration_since(now).unwrap_or(Duration::ZERO);
     Some(delay.min(RETRY_AFTER_MAX))
-}
-
-/// [`retry_after`], then at most `cap`: a delay above `cap` gives `Some(cap)`.
-///
-/// Callers that would rather give up than wait that long compare [`retry_after`]'s
-/// uncapped result against their limit instead.
-///
-/// ```
-/// use std::time::{Duration, SystemTime};
-/// use http::HeaderValue;
-/// use tower_retry_hedge::pushback::retry_after_capped;
-///
-/// let cap = Duration::from_secs(30);
-/// let value = HeaderValue::from_static("3600");
-/// assert_eq!(retry_after_capped(&value, SystemTime::now(), cap), Some(cap));
-/// ```
-pub fn retry_after_capped(value: &HeaderValue, now: SystemTime, cap: Duration) -> Option<Duration> {
-    retry_after(value, now).map(|delay| delay.min(cap))
 }
 
 /// Reads the `Retry-After` header from response headers with [`retry_after`].

@@ -63,7 +63,7 @@ fn bucket(k: u32) -> usize {
 /// Counters of one method. Updated with relaxed atomics: each counter is exact, and a
 /// snapshot taken while calls run may see one counter a step ahead of another.
 #[derive(Debug, Default)]
-pub struct MethodStats {
+pub(crate) struct MethodStats {
     retry_attempts: AtomicU64,
     retry_failures: AtomicU64,
     histogram: [AtomicU64; 8],
@@ -72,24 +72,24 @@ pub struct MethodStats {
 
 impl MethodStats {
     /// Records that the `k`-th retry of a call (1 for the first retry) was sent.
-    pub fn record_retry(&self, k: u32) {
+    pub(crate) fn record_retry(&self, k: u32) {
         self.retry_attempts.fetch_add(1, Ordering::Relaxed);
         self.histogram[bucket(k)].fetch_add(1, Ordering::Relaxed);
     }
 
     /// Records that a retry attempt failed.
-    pub fn record_retry_failure(&self) {
+    pub(crate) fn record_retry_failure(&self) {
         self.retry_failures.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Records that a hedge was not sent because its policy's
     /// [`HedgeBudget`](crate::throttle::HedgeBudget) was spent.
-    pub fn record_hedge_over_budget(&self) {
+    pub(crate) fn record_hedge_over_budget(&self) {
         self.hedges_over_budget.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The current values.
-    pub fn snapshot(&self) -> MethodSnapshot {
+    pub(crate) fn snapshot(&self) -> MethodSnapshot {
         MethodSnapshot {
             retry_attempts: self.retry_attempts.load(Ordering::Relaxed),
             retry_failures: self.retry_failures.load(Ordering::Relaxed),
@@ -136,7 +136,7 @@ pub struct Stats {
 
 impl Stats {
     /// The counters of `path`, created on first use.
-    pub fn method(&self, path: &str) -> Arc<MethodStats> {
+    pub(crate) fn method(&self, path: &str) -> Arc<MethodStats> {
         // A poisoned lock only means another thread panicked while inserting: the map is
         // still a valid map, so keep counting.
         if let Some(found) = self

@@ -51,7 +51,7 @@
 //! throttle.on_success();
 //! assert_eq!(throttle.tokens_milli(), 5_100);
 //! assert!(throttle.allows_retry());
-//! # Ok::<(), tower_retry_hedge::throttle::ThrottleError>(())
+//! # Ok::<(), tower_retry_hedge::error::BuildError>(())
 //! ```
 //!
 //! A client that talks to many hosts keeps one bucket per authority, shared by every clone
@@ -71,7 +71,7 @@
 //! assert!(!same.allows_retry()); // one bucket, drained to 50 of 100
 //! assert!(other.allows_retry()); // another host is not affected
 //! assert_eq!(registry.len(), 2);
-//! # Ok::<(), tower_retry_hedge::throttle::ThrottleError>(())
+//! # Ok::<(), tower_retry_hedge::error::BuildError>(())
 //! ```
 //!
 //! # Other throttles
@@ -97,6 +97,8 @@ use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use crate::error::BuildError;
+
 /// The seam through which the retry and hedge layers ask whether another attempt may be
 /// sent.
 ///
@@ -116,7 +118,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 /// throttle.on_call();
 /// throttle.on_failure();
 /// assert!(throttle.allows_retry());
-/// # Ok::<(), tower_retry_hedge::throttle::ThrottleError>(())
+/// # Ok::<(), tower_retry_hedge::error::BuildError>(())
 /// ```
 pub trait RetryThrottle: fmt::Debug + Send + Sync {
     /// A logical call started (a budget deposits here; the A6 bucket ignores it).
@@ -164,7 +166,7 @@ pub trait RetryThrottle: fmt::Debug + Send + Sync {
 ///     ThrottleState::Bucket { tokens: 9.0, max_tokens: 10, threshold: 5.0, token_ratio: 0.1 }
 /// );
 /// assert!(throttle.state().allows_retry().unwrap_or(true));
-/// # Ok::<(), tower_retry_hedge::throttle::ThrottleError>(())
+/// # Ok::<(), tower_retry_hedge::error::BuildError>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
 #[non_exhaustive]
@@ -270,7 +272,7 @@ const MILLI: u32 = 1000;
 /// clone.on_failure();
 /// assert_eq!(throttle.tokens(), 2.0);
 /// assert!(!throttle.allows_retry()); // 2 is not above 4 / 2
-/// # Ok::<(), tower_retry_hedge::throttle::ThrottleError>(())
+/// # Ok::<(), tower_retry_hedge::error::BuildError>(())
 /// ```
 #[derive(Clone)]
 pub struct Throttle {
@@ -302,16 +304,18 @@ impl Throttle {
     /// success refills the bucket), and is stored and reported as `max_tokens`.
     ///
     /// ```
-    /// use tower_retry_hedge::throttle::{Throttle, ThrottleError};
+    /// use tower_retry_hedge::throttle::Throttle;
     ///
     /// let throttle = Throttle::new(10, 0.5466)?;
     /// assert_eq!(throttle.token_ratio_milli(), 546);
     ///
-    /// assert!(matches!(Throttle::new(0, 0.1), Err(ThrottleError::MaxTokensOutOfRange { .. })));
-    /// assert!(matches!(Throttle::new(10, 0.0009), Err(ThrottleError::TokenRatioRoundsToZero { .. })));
-    /// # Ok::<(), ThrottleError>(())
+    /// let err = Throttle::new(1001, 0.1).unwrap_err();
+    /// assert_eq!(err.to_string(), "max_tokens: must be an integer in (0, 1000]");
+    /// let err = Throttle::new(10, 0.0009).unwrap_err();
+    /// assert_eq!(err.field(), "token_ratio");
+    /// # Ok::<(), tower_retry_hedge::error::BuildError>(())
     /// ```
-    pub fn new(max_tokens: u32, token_ratio: f64) -> Result<Throttle, ThrottleError> {
+    pub fn new(max_tokens: u32, token_ratio: f64) -> Result<Throttle, BuildError> {
         let (max_milli, ratio_milli) = validate(max_tokens, token_ratio)?;
         Ok(Throttle {
             bucket: Arc::new(Bucket {
@@ -400,20 +404,29 @@ impl fmt::Debug for Throttle {
     }
 }
 
-fn validate(max_tokens: u32, token_ratio: f64) -> Result<(u32, u32), ThrottleError> {
+fn validate(max_tokens: u32, token_ratio: f64) -> Result<(u32, u32), BuildError> {
     if max_tokens == 0 || max_tokens > MAX_TOKENS_LIMIT {
-        return Err(ThrottleError::MaxTokensOutOfRange { max_tokens });
+        return Err(BuildError::new(
+            "max_tokens",
+            "must be an integer in (0, 1000]",
+        ));
     }
     if !token_ratio.is_finite() {
-        return Err(ThrottleError::TokenRatioNotFinite);
+        return Err(BuildError::new(
+            "token_ratio",
+            "must be a finite number greater than 0",
+        ));
     }
     if token_ratio <= 0.0 {
-        return Err(ThrottleError::TokenRatioNotPositive { token_ratio });
+        return Err(BuildError::new("token_ratio", "must be greater than 0"));
     }
     let max_milli = max_tokens * MILLI;
     let ratio_milli = truncate_to_milli(token_ratio).min(max_milli);
     if ratio_milli == 0 {
-        return Err(ThrottleError::TokenRatioRoundsToZero { token_ratio });
+        return Err(BuildError::new(
+            "token_ratio",
+            "rounds to zero: digits past the third decimal are dropped",
+        ));
     }
     Ok((max_milli, ratio_milli))
 }
@@ -467,59 +480,6 @@ fn truncate_to_milli(value: f64) -> u32 {
         .saturating_mul(MILLI)
         .saturating_add(milli.fraction * scale)
 }
-
-/// The error of building a [`Throttle`] or a [`ThrottleRegistry`] from invalid settings.
-///
-/// ```
-/// use tower_retry_hedge::throttle::Throttle;
-///
-/// let err = Throttle::new(1001, 0.1).unwrap_err();
-/// assert_eq!(err.to_string(), "maxTokens must be an integer in (0, 1000], got 1001");
-/// ```
-#[derive(Debug, Clone, PartialEq)]
-#[non_exhaustive]
-pub enum ThrottleError {
-    /// `maxTokens` was 0 or above 1000.
-    MaxTokensOutOfRange {
-        /// The value given.
-        max_tokens: u32,
-    },
-    /// `tokenRatio` was NaN or infinite.
-    TokenRatioNotFinite,
-    /// `tokenRatio` was zero or negative.
-    TokenRatioNotPositive {
-        /// The value given.
-        token_ratio: f64,
-    },
-    /// `tokenRatio` is positive but below 0.001, so it is 0 once truncated to three decimals.
-    TokenRatioRoundsToZero {
-        /// The value given.
-        token_ratio: f64,
-    },
-}
-
-impl fmt::Display for ThrottleError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ThrottleError::MaxTokensOutOfRange { max_tokens } => write!(
-                f,
-                "maxTokens must be an integer in (0, {MAX_TOKENS_LIMIT}], got {max_tokens}"
-            ),
-            ThrottleError::TokenRatioNotFinite => {
-                f.write_str("tokenRatio must be a finite number greater than 0")
-            }
-            ThrottleError::TokenRatioNotPositive { token_ratio } => {
-                write!(f, "tokenRatio must be greater than 0, got {token_ratio}")
-            }
-            ThrottleError::TokenRatioRoundsToZero { token_ratio } => write!(
-                f,
-                "tokenRatio {token_ratio} rounds to zero: digits past the third decimal are dropped"
-            ),
-        }
-    }
-}
-
-impl std::error::Error for ThrottleError {}
 
 impl AuthorityThrottle for Throttle {
     /// A new, full bucket with the same settings.
@@ -701,33 +661,31 @@ mod tests {
 
     #[test]
     fn invalid_settings_are_rejected() {
-        assert_eq!(
-            Throttle::new(0, 0.1).unwrap_err(),
-            ThrottleError::MaxTokensOutOfRange { max_tokens: 0 }
-        );
-        assert_eq!(
-            Throttle::new(1001, 0.1).unwrap_err(),
-            ThrottleError::MaxTokensOutOfRange { max_tokens: 1001 }
-        );
+        let rule = |result: Result<Throttle, BuildError>| {
+            let err = result.unwrap_err();
+            (err.field(), err.rule())
+        };
+        let max_tokens = ("max_tokens", "must be an integer in (0, 1000]");
+        assert_eq!(rule(Throttle::new(0, 0.1)), max_tokens);
+        assert_eq!(rule(Throttle::new(1001, 0.1)), max_tokens);
         assert!(Throttle::new(1, 0.1).is_ok());
         assert!(Throttle::new(1000, 0.1).is_ok());
         for ratio in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
             assert_eq!(
-                Throttle::new(10, ratio).unwrap_err(),
-                ThrottleError::TokenRatioNotFinite
+                rule(Throttle::new(10, ratio)),
+                ("token_ratio", "must be a finite number greater than 0")
             );
         }
         for ratio in [0.0, -0.0, -0.1, -1e300, f64::MIN] {
-            assert!(matches!(
-                Throttle::new(10, ratio),
-                Err(ThrottleError::TokenRatioNotPositive { .. })
-            ));
+            assert_eq!(
+                rule(Throttle::new(10, ratio)),
+                ("token_ratio", "must be greater than 0")
+            );
         }
         for ratio in [0.0009, 1e-300, f64::MIN_POSITIVE, 5e-324] {
-            assert!(matches!(
-                Throttle::new(10, ratio),
-                Err(ThrottleError::TokenRatioRoundsToZero { .. })
-            ));
+            let (field, rule) = rule(Throttle::new(10, ratio));
+            assert_eq!(field, "token_ratio");
+            assert!(rule.starts_with("rounds to zero"), "{rule}");
         }
     }
 
@@ -823,10 +781,8 @@ mod tests {
         assert_eq!(throttle.max_tokens(), 7);
         assert_eq!(throttle.token_ratio_milli(), 333);
         assert_eq!(throttle.tokens_milli(), 7_000);
-        assert!(matches!(
-            ThrottleRegistry::new(10, 0.0),
-            Err(ThrottleError::TokenRatioNotPositive { .. })
-        ));
+        let err = ThrottleRegistry::new(10, 0.0).unwrap_err();
+        assert_eq!(err.to_string(), "token_ratio: must be greater than 0");
         assert_eq!(
             format!("{registry:?}"),
             "ThrottleRegistry { overflow: Throttle { max_tokens: 7, token_ratio: 0.333, tokens: 7.0 }, \

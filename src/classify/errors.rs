@@ -19,15 +19,7 @@ fn chain<'a>(error: &'a (dyn Error + 'static)) -> impl Iterator<Item = &'a (dyn 
 /// True when the chain holds an [`io::Error`] of kind `ConnectionRefused` (the connection
 /// was never made), and, with the `hyper-util` feature, a hyper-util legacy client error
 /// whose `is_connect()` is true.
-///
-/// ```
-/// use tower_retry_hedge::classify::is_not_sent;
-///
-/// let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
-/// assert!(is_not_sent(&refused));
-/// assert!(!is_not_sent(&std::io::Error::from(std::io::ErrorKind::ConnectionReset)));
-/// ```
-pub fn is_not_sent(error: &(dyn Error + 'static)) -> bool {
+pub(crate) fn is_not_sent(error: &(dyn Error + 'static)) -> bool {
     chain(error).any(|e| {
         if let Some(io) = e.downcast_ref::<io::Error>() {
             return io.kind() == io::ErrorKind::ConnectionRefused;
@@ -43,13 +35,7 @@ pub fn is_not_sent(error: &(dyn Error + 'static)) -> bool {
 /// Whether the error proves that the request reached the server but not its application:
 /// an HTTP/2 `REFUSED_STREAM` reset, or a `GOAWAY` from the server (h2 fails only the streams
 /// the `GOAWAY` says were not processed). Needs the `h2` feature; without it, always false.
-///
-/// ```
-/// use tower_retry_hedge::classify::is_refused;
-///
-/// assert!(!is_refused(&std::io::Error::other("reset")));
-/// ```
-pub fn is_refused(error: &(dyn Error + 'static)) -> bool {
+pub(crate) fn is_refused(error: &(dyn Error + 'static)) -> bool {
     #[cfg(feature = "h2")]
     {
         chain(error).any(|e| {
@@ -69,11 +55,20 @@ pub fn is_refused(error: &(dyn Error + 'static)) -> bool {
 /// [`Outcome::NotSent`] or [`Outcome::Refused`] when the error proves one of them, else
 /// `None`. Built-in classifiers call this first for every error.
 ///
+/// - `NotSent`: the request never left the client. The error's `source()` chain holds an
+///   [`io::Error`] of kind `ConnectionRefused` (the connection was never made) or, with the
+///   `hyper-util` feature, a hyper-util legacy client error whose `is_connect()` is true.
+/// - `Refused`: the request reached the server but not its application. The chain holds an
+///   HTTP/2 `REFUSED_STREAM` reset, or a `GOAWAY` from the server (h2 fails only the streams
+///   the `GOAWAY` says were not processed). Needs the `h2` feature.
+///
 /// ```
 /// use tower_retry_hedge::classify::{transport_outcome, Outcome};
 ///
 /// let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
 /// assert_eq!(transport_outcome(&refused), Some(Outcome::NotSent));
+/// let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+/// assert_eq!(transport_outcome(&reset), None);
 /// ```
 pub fn transport_outcome(error: &(dyn Error + Send + Sync + 'static)) -> Option<Outcome> {
     if is_not_sent(error) {

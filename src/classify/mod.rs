@@ -81,12 +81,12 @@ use std::error::Error;
 use std::fmt;
 
 pub use self::code::{Code, GrpcCodes, UnknownCode};
-pub use self::errors::{is_not_sent, is_refused, transport_outcome};
+pub use self::errors::transport_outcome;
 pub use self::grpc::grpc_status;
 pub use self::http::{HttpStatuses, ResetFormat, ResetHeader};
 #[cfg(feature = "retry-info")]
 #[cfg_attr(docsrs, doc(cfg(feature = "retry-info")))]
-pub use self::retry_info::{WithRetryInfo, retry_info_delay, retry_info_from_headers};
+pub use self::retry_info::{WithRetryInfo, retry_info_from_headers};
 use crate::pushback::Pushback;
 
 /// What one attempt produced, as a classifier sees it.

@@ -39,17 +39,7 @@ const BASE64: GeneralPurpose = GeneralPurpose::new(
 /// without a delay, or a delay that is negative or not a valid protobuf `Duration`. Never
 /// panics. The delay is not capped here: the layers apply their pushback cap
 /// ([`PoliciesBuilder::max_pushback`](crate::policy::PoliciesBuilder::max_pushback)).
-///
-/// ```
-/// use std::time::Duration;
-/// use tower_retry_hedge::classify::retry_info_delay;
-///
-/// // google.rpc.Status { code: 14, details: [Any { RetryInfo { retry_delay: 0.3 s } }] }
-/// let value = b"CA4aNAoodHlwZS5nb29nbGVhcGlzLmNvbS9nb29nbGUucnBjLlJldHJ5SW5mbxIICgYQgMaGjwE";
-/// assert_eq!(retry_info_delay(value), Some(Duration::from_millis(300)));
-/// assert_eq!(retry_info_delay(b"not base64!"), None);
-/// ```
-pub fn retry_info_delay(value: &[u8]) -> Option<Duration> {
+pub(crate) fn retry_info_delay(value: &[u8]) -> Option<Duration> {
     if value.len() > MAX_STATUS_DETAILS_LEN {
         return None;
     }
@@ -71,8 +61,29 @@ pub fn retry_info_delay(value: &[u8]) -> Option<Duration> {
         })
 }
 
-/// The `RetryInfo` delay of a response's headers: [`retry_info_delay`] of its one
-/// `grpc-status-details-bin` value; `None` if there is none, or more than one.
+/// The `RetryInfo` delay of a response's headers: the `retry_delay` of the first
+/// `google.rpc.RetryInfo` in its one `grpc-status-details-bin` value (base64).
+///
+/// `None` if there is no such value, or more than one, and for anything else: a value longer
+/// than 8 KiB, bad base64, a message that is not a `google.rpc.Status`, no `RetryInfo` among
+/// its details, a `RetryInfo` without a delay, or a delay that is negative or not a valid
+/// protobuf `Duration`. Never panics. The delay is not capped here: the layers apply their
+/// pushback cap ([`PoliciesBuilder::max_pushback`](crate::policy::PoliciesBuilder::max_pushback)).
+///
+/// ```
+/// use std::time::Duration;
+/// use http::{HeaderMap, HeaderValue};
+/// use tower_retry_hedge::classify::retry_info_from_headers;
+///
+/// // google.rpc.Status { code: 14, details: [Any { RetryInfo { retry_delay: 0.3 s } }] }
+/// let value = "CA4aNAoodHlwZS5nb29nbGVhcGlzLmNvbS9nb29nbGUucnBjLlJldHJ5SW5mbxIICgYQgMaGjwE";
+/// let mut headers = HeaderMap::new();
+/// headers.insert("grpc-status-details-bin", HeaderValue::from_static(value));
+/// assert_eq!(retry_info_from_headers(&headers), Some(Duration::from_millis(300)));
+///
+/// headers.insert("grpc-status-details-bin", HeaderValue::from_static("not base64!"));
+/// assert_eq!(retry_info_from_headers(&headers), None);
+/// ```
 pub fn retry_info_from_headers(headers: &HeaderMap) -> Option<Duration> {
     let mut values = headers.get_all(GRPC_STATUS_DETAILS_BIN).iter();
     let value = values.next()?;

@@ -7,7 +7,8 @@ use std::sync::{Arc, PoisonError, RwLock};
 
 #[cfg(doc)]
 use super::AdaptiveThrottle;
-use super::{AuthorityThrottle, RetryThrottle, Throttle, ThrottleError, ThrottleState};
+use super::{AuthorityThrottle, RetryThrottle, Throttle, ThrottleState};
+use crate::error::BuildError;
 
 /// How many authorities a [`ThrottleRegistry`] gives their own bucket by default.
 pub(crate) const DEFAULT_MAX_AUTHORITIES: usize = 4096;
@@ -91,7 +92,7 @@ struct Registry<T> {
 impl ThrottleRegistry<Throttle> {
     /// A registry whose buckets each hold `max_tokens` and earn `token_ratio` per success,
     /// validated as in [`Throttle::new`].
-    pub fn new(max_tokens: u32, token_ratio: f64) -> Result<Self, ThrottleError> {
+    pub fn new(max_tokens: u32, token_ratio: f64) -> Result<Self, BuildError> {
         Ok(ThrottleRegistry::from_template(Throttle::new(
             max_tokens,
             token_ratio,

@@ -7,9 +7,7 @@ use http::header::RETRY_AFTER;
 use http::{HeaderMap, HeaderValue};
 use proptest::prelude::*;
 use tower_retry_hedge::grpc_timeout;
-use tower_retry_hedge::pushback::{
-    Pushback, grpc_pushback, retry_after, retry_after_capped, retry_after_from_headers,
-};
+use tower_retry_hedge::pushback::{Pushback, grpc_pushback, retry_after, retry_after_from_headers};
 
 const GRPC_TIMEOUT: &str = "grpc-timeout";
 const GRPC_RETRY_PUSHBACK_MS: &str = "grpc-retry-pushback-ms";
@@ -226,20 +224,8 @@ fn retry_after_hostile_values_are_none() {
 }
 
 #[test]
-fn retry_after_capped_and_from_headers() {
+fn retry_after_from_headers_reads_one_value() {
     let now = rfc_now();
-    let cap = Duration::from_secs(60);
-    assert_eq!(
-        retry_after_capped(&value(b"59"), now, cap),
-        Some(Duration::from_secs(59))
-    );
-    assert_eq!(retry_after_capped(&value(b"60"), now, cap), Some(cap));
-    assert_eq!(retry_after_capped(&value(b"61"), now, cap), Some(cap));
-    assert_eq!(
-        retry_after_capped(&value(&ten_kb(b'9')), now, cap),
-        Some(cap)
-    );
-    assert_eq!(retry_after_capped(&value(b"soon"), now, cap), None);
 
     let mut headers = HeaderMap::new();
     assert_eq!(retry_after_from_headers(&headers, now), None);
@@ -466,10 +452,6 @@ proptest! {
         let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
         if let Some(delay) = retry_after(&v, now) {
             prop_assert!(delay <= RETRY_AFTER_MAX);
-        }
-        let cap = Duration::from_secs(10);
-        if let Some(delay) = retry_after_capped(&v, now, cap) {
-            prop_assert!(delay <= cap);
         }
     }
 
