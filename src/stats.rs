@@ -11,19 +11,48 @@
 //! # Examples
 //!
 //! ```
-//! use tower_retry_hedge::stats::Stats;
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//! use bytes::Bytes;
+//! use http_body_util::Full;
+//! use std::time::Duration;
+//! use tower::{service_fn, Layer, ServiceExt};
+//! use tower_retry_hedge::backoff::Constant;
+//! use tower_retry_hedge::classify::{Code, GrpcCodes};
+//! use tower_retry_hedge::{Policies, RetryLayer, RetryPolicy};
 //!
-//! let stats = Stats::default();
-//! let method = stats.method("/helloworld.Greeter/SayHello");
-//! method.record_retry(1);
-//! method.record_retry(2);
-//! method.record_retry_failure();
+//! let policy = RetryPolicy::builder()
+//!     .max_attempts(3)
+//!     .backoff(Constant::new(Duration::from_millis(1)))
+//!     .retryable(GrpcCodes::from([Code::Unavailable]))
+//!     .build()?;
+//! let policies = Policies::builder().method("helloworld.Greeter/SayHello", policy).build();
 //!
-//! let snapshot = stats.snapshot();
+//! // A server that answers UNAVAILABLE twice, then OK.
+//! let calls = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+//! let server = service_fn(move |_: http::Request<Full<Bytes>>| {
+//!     let n = calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+//!     let status = if n < 2 { "14" } else { "0" };
+//!     async move {
+//!         let response = http::Response::builder()
+//!             .header("content-type", "application/grpc")
+//!             .header("grpc-status", status)
+//!             .body(())?;
+//!         Ok::<_, http::Error>(response)
+//!     }
+//! });
+//! let request = http::Request::post("/helloworld.Greeter/SayHello")
+//!     .header("content-type", "application/grpc")
+//!     .body(Full::new(Bytes::new()))?;
+//! RetryLayer::new(policies.clone()).layer(server).oneshot(request).await?;
+//!
+//! let snapshot = policies.stats().snapshot();
 //! let greeter = &snapshot.methods["/helloworld.Greeter/SayHello"];
 //! assert_eq!(greeter.retry_attempts, 2);
 //! assert_eq!(greeter.retry_failures, 1);
 //! assert_eq!(greeter.histogram, [1, 1, 0, 0, 0, 0, 0, 0]);
+//! # Ok(())
+//! # }
 //! ```
 
 use std::collections::{BTreeMap, HashMap};

@@ -694,19 +694,19 @@ mod tests {
         let messages = [
             (
                 Throttle::new(0, 0.1).unwrap_err(),
-                "maxTokens must be an integer in (0, 1000], got 0",
+                "max_tokens: must be an integer in (0, 1000]",
             ),
             (
                 Throttle::new(10, f64::NAN).unwrap_err(),
-                "tokenRatio must be a finite number greater than 0",
+                "token_ratio: must be a finite number greater than 0",
             ),
             (
                 Throttle::new(10, -1.5).unwrap_err(),
-                "tokenRatio must be greater than 0, got -1.5",
+                "token_ratio: must be greater than 0",
             ),
             (
                 Throttle::new(10, 0.0009).unwrap_err(),
-                "tokenRatio 0.0009 rounds to zero: digits past the third decimal are dropped",
+                "token_ratio: rounds to zero: digits past the third decimal are dropped",
             ),
         ];
         for (err, message) in messages {

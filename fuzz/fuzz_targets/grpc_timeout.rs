@@ -14,7 +14,10 @@ use std::time::Duration;
 
 use http::HeaderValue;
 use libfuzzer_sys::fuzz_target;
-use tower_retry_hedge::grpc_timeout::{MAX_TIMEOUT, encode, parse};
+use tower_retry_hedge::grpc_timeout::{encode, parse};
+
+/// The longest timeout the format carries, `99999999H`.
+const MAX_TIMEOUT: Duration = Duration::from_secs(99_999_999 * 3600);
 
 fn unit_nanos(unit: u8) -> Option<u128> {
     Some(match unit {

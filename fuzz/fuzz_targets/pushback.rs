@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use http::{HeaderMap, HeaderValue};
 use libfuzzer_sys::fuzz_target;
-use tower_retry_hedge::pushback::{GRPC_RETRY_PUSHBACK_MS, Pushback, grpc_pushback};
+use tower_retry_hedge::pushback::{Pushback, grpc_pushback};
+
+const GRPC_RETRY_PUSHBACK_MS: &str = "grpc-retry-pushback-ms";
 
 /// The rule of the module docs, written as plainly as possible.
 fn model(bytes: &[u8]) -> Pushback {

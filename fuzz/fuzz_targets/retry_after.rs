@@ -1,10 +1,10 @@
-//! `Retry-After`: `retry_after`, `retry_after_capped` and `retry_after_from_headers` on any
+//! `Retry-After`: `retry_after` and `retry_after_from_headers` on any
 //! header value, at any `now`.
 //!
-//! Checked: no result above `RETRY_AFTER_MAX` (or the cap); `delay-seconds` (digits, with
+//! Checked: no result above `RETRY_AFTER_MAX`; `delay-seconds` (digits, with
 //! optional spaces and tabs around them) agrees with a saturating model; a valid HTTP-date
-//! agrees with `httpdate`'s reading of it, measured from `now`; the capped and header-map
-//! forms agree with the plain one.
+//! agrees with `httpdate`'s reading of it, measured from `now`; the header-map form agrees
+//! with the plain one.
 
 #![no_main]
 
@@ -12,25 +12,22 @@ use std::time::{Duration, SystemTime};
 
 use http::{HeaderMap, HeaderValue, header::RETRY_AFTER};
 use libfuzzer_sys::fuzz_target;
-use tower_retry_hedge::pushback::{
-    RETRY_AFTER_MAX, retry_after, retry_after_capped, retry_after_from_headers,
-};
+use tower_retry_hedge::pushback::{retry_after, retry_after_from_headers};
+
+/// Where delays saturate, as the `pushback` docs say: `u32::MAX` seconds.
+const RETRY_AFTER_MAX: Duration = Duration::from_secs(u32::MAX as u64);
 
 fuzz_target!(|data: &[u8]| {
-    // 8 bytes of `now` (seconds since the epoch, wrapped into the years 1970..=2^33 s),
-    // 4 bytes of cap (milliseconds), then the header value.
-    if data.len() < 12 {
+    // 8 bytes of `now` (seconds since the epoch, wrapped into the years 1970..=2^33 s), then
+    // the header value.
+    if data.len() < 8 {
         return;
     }
-    let (now, rest) = data.split_at(8);
-    let (cap, value) = rest.split_at(4);
+    let (now, value) = data.split_at(8);
     let now_secs = u64::from_le_bytes(now.try_into().unwrap_or_default()) % (1 << 33);
     let Some(now) = SystemTime::UNIX_EPOCH.checked_add(Duration::from_secs(now_secs)) else {
         return;
     };
-    let cap = Duration::from_millis(u64::from(u32::from_le_bytes(
-        cap.try_into().unwrap_or_default(),
-    )));
     let Ok(value) = HeaderValue::from_bytes(value) else {
         return;
     };
@@ -64,11 +61,6 @@ fuzz_target!(|data: &[u8]| {
         )
     });
     assert_eq!(delay, expected, "{value:?} at {now_secs}");
-
-    assert_eq!(
-        retry_after_capped(&value, now, cap),
-        delay.map(|d| d.min(cap))
-    );
 
     let mut headers = HeaderMap::new();
     assert_eq!(retry_after_from_headers(&headers, now), None);

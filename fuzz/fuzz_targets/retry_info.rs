@@ -1,10 +1,10 @@
-//! `grpc-status-details-bin`: `retry_info_delay` on any bytes, on the base64 of any bytes
-//! (so that the protobuf decoder sees arbitrary messages, not only what survives base64),
-//! and `GrpcCodes::with_retry_info` on a Trailers-Only response carrying the value.
+//! `grpc-status-details-bin`: `retry_info_from_headers` on any value, and on the base64 of
+//! any bytes (so that the protobuf decoder sees arbitrary messages, not only what survives
+//! base64), and `GrpcCodes::with_retry_info` on a Trailers-Only response carrying the value.
 //!
-//! Checked besides "no panic": a value over `MAX_STATUS_DETAILS_LEN` is never read; padding
-//! does not change the result; the classifier's pushback is exactly the delay read, and only
-//! for a retryable code.
+//! Checked besides "no panic": a value over 8 KiB (the documented limit) is never read;
+//! padding does not change the result; the classifier's pushback is exactly the delay read,
+//! and only for a retryable code.
 
 #![no_main]
 
@@ -13,10 +13,19 @@ use base64::engine::general_purpose::{STANDARD, STANDARD_NO_PAD};
 use http::{HeaderMap, HeaderValue, StatusCode};
 use libfuzzer_sys::fuzz_target;
 use tower_retry_hedge::classify::{
-    AttemptResult, Classify, Code, GRPC_STATUS_DETAILS_BIN, GrpcCodes, MAX_STATUS_DETAILS_LEN,
-    Outcome, retry_info_delay,
+    AttemptResult, Classify, Code, GrpcCodes, Outcome, retry_info_from_headers,
 };
 use tower_retry_hedge::pushback::Pushback;
+
+const GRPC_STATUS_DETAILS_BIN: &str = "grpc-status-details-bin";
+const MAX_STATUS_DETAILS_LEN: usize = 8 * 1024;
+
+/// The delay read from a response whose one details header is `value`.
+fn retry_info_delay(value: &[u8]) -> Option<std::time::Duration> {
+    let mut headers = HeaderMap::new();
+    headers.insert(GRPC_STATUS_DETAILS_BIN, HeaderValue::from_bytes(value).ok()?);
+    retry_info_from_headers(&headers)
+}
 
 fuzz_target!(|data: &[u8]| {
     // The first byte says how to use the rest: as the header's bytes, or as the message

@@ -53,7 +53,7 @@ pub(crate) const MAX_AUTHORITY_LEN: usize = 512;
 /// c.on_failure();
 /// assert_eq!(d.tokens(), 9.0);
 /// assert_eq!(registry.len(), 2);
-/// # Ok::<(), tower_retry_hedge::throttle::ThrottleError>(())
+/// # Ok::<(), tower_retry_hedge::error::BuildError>(())
 /// ```
 ///
 /// An adaptive throttle per authority:
@@ -208,7 +208,7 @@ impl<T: RetryThrottle> ThrottleRegistry<T> {
     ///     states["api.example.com:443"],
     ///     ThrottleState::Bucket { tokens: 9.0, .. }
     /// ));
-    /// # Ok::<(), tower_retry_hedge::throttle::ThrottleError>(())
+    /// # Ok::<(), tower_retry_hedge::error::BuildError>(())
     /// ```
     pub fn states(&self) -> BTreeMap<String, ThrottleState> {
         self.shared.states()
