@@ -7,7 +7,7 @@ use crate::policy::{
     HedgePolicy, HedgePolicyBuilder, MethodPolicy, Policies, PoliciesBuilder, RetryPolicy,
     RetryPolicyBuilder,
 };
-use crate::throttle::{HedgeBudget, Throttle};
+use crate::throttle::HedgeBudget;
 
 /// How [`ServiceConfig::policies_builder_with`] makes the layers' policies from a service
 /// config: the backoff jitter of retry policies, and (feature `retry-info`) whether every
@@ -186,9 +186,7 @@ impl ServiceConfig {
                 };
             }
         }
-        if let Some(throttling) = self.retry_throttling()
-            && let Ok(throttle) = Throttle::new(throttling.max_tokens(), throttling.token_ratio())
-        {
+        if let Some(throttle) = self.throttle() {
             builder = builder.throttle(throttle);
         }
         builder

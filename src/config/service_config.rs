@@ -192,6 +192,7 @@ impl ServiceConfig {
     /// # Ok::<(), tower_retry_hedge::config::ConfigError>(())
     /// ```
     pub fn throttle(&self) -> Option<Throttle> {
+        // Parsing validated the numbers, so `new` accepts them.
         let throttling = self.retry_throttling?;
         Throttle::new(throttling.max_tokens(), throttling.token_ratio()).ok()
     }
@@ -214,6 +215,7 @@ impl ServiceConfig {
     }
 
     /// The retry throttling, if configured.
+    #[cfg(test)]
     pub(crate) fn retry_throttling(&self) -> Option<RetryThrottling> {
         self.retry_throttling
     }
