@@ -7,7 +7,7 @@ use std::task::{Context, Poll, ready};
 
 use http_body::{Body, Frame, SizeHint};
 
-use super::health::{Health, Verdict, classify_trailers};
+use super::outlier::health::{Health, Score, classify_trailers};
 
 pin_project_lite::pin_project! {
     /// The body of a response that came through [`Balance`](super::Balance): the endpoint's
@@ -79,7 +79,7 @@ impl<B: Body> ResponseBody<B> {
         if self.inner.is_end_stream()
             && let Some(health) = self.watch.take()
         {
-            health.record(Verdict::Success);
+            health.record(Score::Success);
         }
     }
 }
@@ -99,8 +99,8 @@ impl<B: Body> Body for ResponseBody<B> {
                 Some(Ok(frame)) => frame
                     .trailers_ref()
                     .map(|trailers| classify_trailers(trailers, health_codes(this.watch))),
-                Some(Err(_)) => Some(Verdict::Failure),
-                None => Some(Verdict::Success),
+                Some(Err(_)) => Some(Score::Failure),
+                None => Some(Score::Success),
             };
             if let Some(verdict) = verdict
                 && let Some(health) = this.watch.take()

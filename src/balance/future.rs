@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use super::ResponseBody;
-use super::health::{Head, Health, Verdict, classify_head};
+use super::outlier::health::{HeadScore, Health, Score, classify_head};
 use crate::error::BoxError;
 
 /// The balancer was called while no endpoint was ready: `call` without a `poll_ready` that
@@ -92,17 +92,17 @@ where
                             health.failure_codes(),
                         );
                         match head {
-                            Head::Settled(verdict) => {
+                            HeadScore::Settled(verdict) => {
                                 health.record(verdict);
                                 Ok(response.map(ResponseBody::plain))
                             }
-                            Head::Trailers => {
+                            HeadScore::Trailers => {
                                 Ok(response.map(|body| ResponseBody::watched(body, health)))
                             }
                         }
                     }
                     Err(error) => {
-                        health.record(Verdict::Failure);
+                        health.record(Score::Failure);
                         Err(error.into())
                     }
                 })

@@ -254,11 +254,7 @@
 //!   [`BalancedChannel`] answers tonic's `http::Response<tonic::body::Body>` as before.
 
 mod body;
-mod detector;
 mod future;
-mod health;
-#[cfg(feature = "opentelemetry")]
-mod metrics;
 mod outlier;
 mod pick;
 
@@ -268,14 +264,13 @@ mod channel;
 pub use body::ResponseBody;
 #[cfg(feature = "tonic-transport")]
 pub use channel::{BalancedChannel, BalancedChannelBuilder, ChannelFuture};
-pub use detector::{Ejection, EjectionReason, Outliers};
 pub use future::{NoReadyEndpoint, ResponseFuture};
 #[cfg(feature = "opentelemetry")]
 #[cfg_attr(docsrs, doc(cfg(feature = "opentelemetry")))]
-pub use metrics::OutlierMetrics;
+pub use outlier::OutlierMetrics;
 pub use outlier::{
-    FailurePercentageEjection, OutlierDetection, OutlierDetectionBuilder, OutlierDetectionError,
-    OutlierRule, SuccessRateEjection,
+    Ejection, EjectionReason, FailurePercentageEjection, OutlierDetection, OutlierDetectionBuilder,
+    OutlierDetectionError, OutlierRule, Outliers, SuccessRateEjection,
 };
 
 use std::fmt;
@@ -295,8 +290,7 @@ use tower_service::Service;
 
 use crate::error::BoxError;
 use crate::metadata::{AttemptInfo, BackendId, TriedBackends};
-use detector::Detector;
-use health::Health;
+use outlier::{Detector, Health};
 
 /// Balances requests over the endpoints of a [`Discover`]: power of two choices on load,
 /// among the endpoints the request's call has not tried yet, with outlier detection (see the

@@ -167,18 +167,18 @@ pub use crate::error::BoxError;
 /// # }
 /// ```
 pub struct ReplayBody<B> {
-    shared: Arc<Shared<B>>,
+    shared: Arc<Inner<B>>,
     cursor: Cursor,
 }
 
 /// What every reader of one body shares.
-struct Shared<B> {
+struct Inner<B> {
     /// One lock for the source and the record. The source is polled while it is held: only
     /// one reader may poll the source at a time in any case (`poll_frame` takes `&mut`), a
     /// poll does not block, and the reader that polls records what it gets before anyone can
     /// look, so no reader ever sees the source ahead of the record. Wakers are called after
     /// it is released, except when a source wakes its waker from inside its own poll.
-    state: Mutex<State<B>>,
+    state: Mutex<SourceState<B>>,
     /// The readers waiting for the source, made (under the state lock) the first time the
     /// source makes a reader wait: a source that is always ready, such as a unary gRPC
     /// message or a buffered body, never needs them.
@@ -205,7 +205,7 @@ impl SourceWaker {
 }
 
 /// The source and what it has sent so far.
-struct State<B> {
+struct SourceState<B> {
     /// The source, until it has ended (or failed).
     source: Option<Source<B>>,
     record: Record,
@@ -269,7 +269,7 @@ struct Commit {
 #[derive(Debug)]
 struct Cursor {
     id: u64,
-    /// This reader's slot in [`State::positions`], which holds the number of the next
+    /// This reader's slot in [`SourceState::positions`], which holds the number of the next
     /// recorded chunk it sends.
     slot: usize,
     bytes_read: u64,
@@ -282,7 +282,7 @@ type Polled = Poll<Option<Result<Frame<Bytes>, BoxError>>>;
 
 /// What to do once a poll has released the lock: done when it is dropped.
 struct After<'a, B> {
-    shared: &'a Shared<B>,
+    shared: &'a Inner<B>,
     /// The reader that polled.
     reader: u64,
     /// The shared state changed: wake the other readers waiting for the source.
@@ -370,8 +370,8 @@ where
         };
         let mut positions = Positions::default();
         let slot = positions.insert(0);
-        let shared = Arc::new(Shared {
-            state: Mutex::new(State {
+        let shared = Arc::new(Inner {
+            state: Mutex::new(SourceState {
                 source,
                 record: Record::new(limits.clone()),
                 end,
@@ -420,8 +420,8 @@ impl<B> ReplayBody<B> {
     }
 }
 
-impl<B> Shared<B> {
-    fn lock(&self) -> MutexGuard<'_, State<B>> {
+impl<B> Inner<B> {
+    fn lock(&self) -> MutexGuard<'_, SourceState<B>> {
         // A poisoned lock means the source panicked while being polled; the state is only
         // changed after a poll returns, so it is still consistent.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)

@@ -8,10 +8,10 @@ use std::task::{Context, Poll};
 
 use super::buffer::Overflow;
 use super::{
-    After, BoxError, Commit, Cursor, End, Polled, Reason, SourceWaker, State, bounded_message,
+    After, BoxError, Commit, Cursor, End, Polled, Reason, SourceState, SourceWaker, bounded_message,
 };
 
-impl<B> State<B>
+impl<B> SourceState<B>
 where
     B: Body,
     B::Data: Buf,
@@ -221,7 +221,7 @@ fn wait(
     Poll::Pending
 }
 
-impl<B: Body> State<B> {
+impl<B: Body> SourceState<B> {
     pub(super) fn size_hint(&self, cursor: &Cursor) -> SizeHint {
         if cursor.done || cursor.excluded(&self.commit).is_some() {
             return SizeHint::with_exact(0);

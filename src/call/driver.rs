@@ -13,10 +13,10 @@ use tokio::time::Sleep;
 use tower_service::Service;
 
 use super::marks::{finish, no_result};
-use super::{Call, LazyRng, Shared};
+use super::{Call, LayerShared, LazyRng};
 use crate::body::Replay;
 use crate::classify::AttemptResult;
-use crate::engine::{Action, Admission, AttemptId, End, Engine, Inputs, Send, Verdict};
+use crate::engine::{Action, Admission, AttemptId, Dispatch, End, Engine, Inputs, Verdict};
 use crate::error::BoxError;
 use crate::error::{attempt_timed_out, deadline_exceeded};
 use crate::stats::MethodStats;
@@ -43,7 +43,7 @@ pin_project! {
         first: Option<S::Future>,
         // Boxed: a few hundred bytes, which a future would otherwise carry (and copy) through
         // every layer above it.
-        state: Box<State<S, B>>,
+        state: Box<CallExtras<S, B>>,
     }
 
     impl<S, B> PinnedDrop for Driver<S, B>
@@ -63,7 +63,7 @@ pin_project! {
 
 /// What a call keeps once its first attempt is not enough: boxed, so that a call answered
 /// by its first attempt carries one word for it.
-struct Later<S, B>
+struct LaterAttempts<S, B>
 where
     S: Service<Request<B>>,
 {
@@ -76,7 +76,7 @@ where
     last: Option<Result<S::Response, BoxError>>,
 }
 
-impl<S, B> State<S, B>
+impl<S, B> CallExtras<S, B>
 where
     S: Service<Request<B>>,
     B: Replay,
@@ -99,14 +99,14 @@ where
     }
 }
 
-impl<S, B> Later<S, B>
+impl<S, B> LaterAttempts<S, B>
 where
     S: Service<Request<B>>,
 {
     /// What the call keeps in `slot` beyond its first attempt, made when it first needs it.
-    fn of(slot: &mut Option<Box<Later<S, B>>>) -> &mut Later<S, B> {
+    fn of(slot: &mut Option<Box<LaterAttempts<S, B>>>) -> &mut LaterAttempts<S, B> {
         slot.get_or_insert_with(|| {
-            Box::new(Later {
+            Box::new(LaterAttempts {
                 attempts: Vec::new(),
                 service: None,
                 last: None,
@@ -118,7 +118,7 @@ where
 /// Records what a call did in the table's metrics. A call of one attempt records nothing:
 /// the success path stops at the first test.
 #[cfg(feature = "opentelemetry")]
-fn record_metrics<S, B>(state: &State<S, B>)
+fn record_metrics<S, B>(state: &CallExtras<S, B>)
 where
     S: Service<Request<B>>,
     B: Replay,
@@ -135,7 +135,7 @@ where
 }
 
 /// What a call keeps besides its first attempt.
-pub(crate) struct State<S, B>
+pub(crate) struct CallExtras<S, B>
 where
     S: Service<Request<B>>,
     B: Replay,
@@ -144,10 +144,10 @@ where
     // stamped at the first poll, and only for such a delay.
     first_sent_at: Option<std::time::Instant>,
     // The attempts after the first and their service, once the call sends a second one.
-    later: Option<Box<Later<S, B>>>,
+    later: Option<Box<LaterAttempts<S, B>>>,
     // The one timer, at the earliest time the engine asks for. Made when the call first waits.
     timer: Option<Pin<Box<Sleep>>>,
-    shared: Arc<Shared<S>>,
+    shared: Arc<LayerShared<S>>,
     call: Call<B>,
     engine: Engine,
     // The route the call took (its place in the policy table), whose name its statistics are
@@ -157,20 +157,20 @@ where
     spans: Option<Box<AttemptSpans>>,
 }
 
-impl<S, B> State<S, B>
+impl<S, B> CallExtras<S, B>
 where
     S: Service<Request<B>>,
     B: Replay,
 {
     /// What a call keeps besides its first attempt, boxed.
     pub(crate) fn new(
-        shared: Arc<Shared<S>>,
+        shared: Arc<LayerShared<S>>,
         call: Call<B>,
         engine: Engine,
         route: Option<usize>,
         span: tracing::Span,
     ) -> Box<Self> {
-        Box::new(State {
+        Box::new(CallExtras {
             first_sent_at: None,
             later: None,
             timer: None,
@@ -189,7 +189,7 @@ where
     B: Replay,
 {
     /// A call whose first attempt, `first`, was just sent.
-    pub(crate) fn new(first: S::Future, state: Box<State<S, B>>) -> Self {
+    pub(crate) fn new(first: S::Future, state: Box<CallExtras<S, B>>) -> Self {
         Driver {
             first: Some(first),
             state,
@@ -339,7 +339,7 @@ where
                     spans.timed_out(id.send);
                 }
                 let error = attempt_timed_out(this.state.engine.grpc());
-                Later::of(&mut this.state.later).last = Some(Err(error));
+                LaterAttempts::of(&mut this.state.later).last = Some(Err(error));
             }
             Action::End(end) => return Some(Step::Done(end_call(this, end))),
             Action::Wait(at) => {
@@ -367,7 +367,7 @@ enum Sent<T> {
 /// Sends `send` on the call's own service once it is ready.
 fn send_attempt<S, B, RB>(
     this: &mut Proj<'_, S, B>,
-    send: Send,
+    send: Dispatch,
     inputs: &mut Inputs<'_>,
     cx: &mut Context<'_>,
 ) -> Sent<Box<Output<RB>>>
@@ -425,7 +425,7 @@ where
 
 /// Polls the call's own service (a clone of the layer's spare) ready; `None` once it is.
 fn poll_service<S, B, RB>(
-    state: &mut State<S, B>,
+    state: &mut CallExtras<S, B>,
     inputs: &mut Inputs<'_>,
     cx: &mut Context<'_>,
 ) -> Option<Sent<Box<Output<RB>>>>
@@ -434,7 +434,7 @@ where
     S::Error: Into<BoxError>,
     B: Replay,
 {
-    let later = Later::of(&mut state.later);
+    let later = LaterAttempts::of(&mut state.later);
     let service = later.service.get_or_insert_with(|| state.shared.service());
     match service.poll_ready(cx) {
         Poll::Ready(Ok(())) => None,
@@ -559,7 +559,7 @@ where
             ))
         }
         Verdict::Keep => {
-            Later::of(&mut state.later).last = Some(result);
+            LaterAttempts::of(&mut state.later).last = Some(result);
             None
         }
         Verdict::Drop => None,

@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use http::Request;
 
-use super::Shared;
+use super::LayerShared;
 use crate::policy::{HedgePolicy, MethodPolicy, Policies, RetryPolicy, ThrottleHandle};
 use crate::throttle::{RetryThrottle, ThrottleState};
 
@@ -29,7 +29,7 @@ use crate::throttle::{RetryThrottle, ThrottleState};
 /// gives an empty set: the clone makes its own at its first call.
 pub(crate) struct Handles<S> {
     /// The spare service and the table, made at the first driven call.
-    pub(super) shared: Option<Arc<Shared<S>>>,
+    pub(super) shared: Option<Arc<LayerShared<S>>>,
     /// Copies of the table's retry and hedging policies, by the address of the original.
     policies: HashMap<usize, MethodPolicy, foldhash::fast::RandomState>,
     /// This clone's handle on the table's shared throttle.
@@ -217,7 +217,7 @@ mod tests {
         for handles in &mut handles {
             let copy = Arc::clone(retry_of(handles.policy(table)));
             let throttle = handles.throttle(&policies, &request).unwrap();
-            let shared = super::Shared::get_or_make(&mut handles.shared, &(), &policies);
+            let shared = super::LayerShared::get_or_make(&mut handles.shared, &(), &policies);
             assert!(alone(Arc::as_ptr(&copy).cast()));
             assert!(alone(Arc::as_ptr(&throttle).cast()));
             assert!(alone(Arc::as_ptr(&shared).cast()));

@@ -2,7 +2,7 @@
 
 use http::Response;
 
-use crate::engine::Marks;
+use crate::engine::AttemptMarks;
 use crate::error::Attempted;
 use crate::error::BoxError;
 use crate::metadata::{Attempts, GRPC_PREVIOUS_RPC_ATTEMPTS_NAME};
@@ -16,7 +16,7 @@ use crate::metadata::{Attempts, GRPC_PREVIOUS_RPC_ATTEMPTS_NAME};
 pub(super) fn finish<RB>(
     result: Result<Response<RB>, BoxError>,
     attempts: Attempts,
-    marks: Option<Marks>,
+    marks: Option<AttemptMarks>,
     grpc: bool,
 ) -> Result<Response<RB>, BoxError> {
     match result {

@@ -17,7 +17,7 @@ pub use self::future::ResponseFuture;
 pub(crate) use self::handles::Handles;
 use crate::body::{BufferLimits, Copies, Replay};
 use crate::engine::{
-    self, BodyKind, CallFacts, CommitBody, Engine, Mode, Plan, Send, Start, TableFacts,
+    self, BodyKind, CallFacts, CommitBody, Dispatch, Engine, Mode, Plan, Start, TableFacts,
 };
 use crate::grpc_timeout;
 use crate::metadata::{AttemptInfo, Deadline, GRPC_PREVIOUS_RPC_ATTEMPTS_NAME, TriedBackends};
@@ -26,14 +26,7 @@ use crate::policy::Policies;
 /// Whether a request is a gRPC call: its content type is `application/grpc` or
 /// `application/grpc+<codec>`.
 pub(crate) fn is_grpc<B>(request: &Request<B>) -> bool {
-    is_grpc_content_type(request.headers().get(CONTENT_TYPE))
-}
-
-fn is_grpc_content_type(value: Option<&HeaderValue>) -> bool {
-    value.is_some_and(|v| {
-        let v = v.as_bytes();
-        v.starts_with(b"application/grpc") && matches!(v.get(16), None | Some(b'+') | Some(b';'))
-    })
+    crate::classify::is_grpc_content_type(request.headers().get(CONTENT_TYPE))
 }
 
 /// The mark of a call that a layer of this crate drives, on every attempt after the first: a
@@ -136,7 +129,7 @@ where
     };
     // The ready service takes the first attempt and stays in the layer, warm for the next
     // call; the call holds the shared spare and clones it only to send another attempt.
-    let shared = Shared::get_or_make(&mut handles.shared, inner, policies);
+    let shared = LayerShared::get_or_make(&mut handles.shared, inner, policies);
     drive(inner, shared, request, start, route, span)
 }
 
@@ -144,7 +137,7 @@ where
 /// polled ready) and gives the future that drives the rest.
 fn drive<S, B>(
     inner: &mut S,
-    shared: Arc<Shared<S>>,
+    shared: Arc<LayerShared<S>>,
     mut request: Request<B>,
     start: Start,
     route: Option<usize>,
@@ -173,7 +166,7 @@ where
     let body = call.body_kind();
     ResponseFuture::driven(driver::Driver::new(
         future,
-        driver::State::new(
+        driver::CallExtras::new(
             shared,
             call,
             Engine::new(start.rules, start.deadline, body, reader),
@@ -211,20 +204,20 @@ impl rand::RngCore for LazyRng {
 // Alone on its cache lines (see `handles`): every call writes its reference count.
 #[derive(Debug)]
 #[repr(align(128))]
-pub(crate) struct Shared<S> {
+pub(crate) struct LayerShared<S> {
     spare: Mutex<S>,
     pub(crate) policies: Policies,
 }
 
-impl<S: Clone> Shared<S> {
+impl<S: Clone> LayerShared<S> {
     /// The layer's shared state, made from its service and table at its first call.
     pub(crate) fn get_or_make(
-        slot: &mut Option<Arc<Shared<S>>>,
+        slot: &mut Option<Arc<LayerShared<S>>>,
         inner: &S,
         policies: &Policies,
-    ) -> Arc<Shared<S>> {
+    ) -> Arc<LayerShared<S>> {
         let shared = slot.get_or_insert_with(|| {
-            Arc::new(Shared {
+            Arc::new(LayerShared {
                 spare: Mutex::new(inner.clone()),
                 policies: policies.clone(),
             })
@@ -253,7 +246,7 @@ enum Body<B: Replay> {
 /// The parts of the request and its body copies: what every attempt after the first is made
 /// from.
 pub(crate) struct Call<B: Replay> {
-    head: Head,
+    head: RequestHead,
     body: Body<B>,
     /// A gRPC call: its attempts carry A6's headers.
     grpc: bool,
@@ -282,7 +275,7 @@ impl<B: Replay> Call<B> {
             parts.extensions.insert(TriedBackends::default());
         }
         let call = Call {
-            head: Head::of(&parts),
+            head: RequestHead::of(&parts),
             body,
             grpc,
         };
@@ -343,7 +336,7 @@ impl<B: Replay> Call<B> {
     /// could only be sent once).
     pub(crate) fn request(
         &mut self,
-        send: Send,
+        send: Dispatch,
         sent: u32,
         deadline: Option<std::time::Instant>,
         now: std::time::Instant,
@@ -399,7 +392,7 @@ impl<B: Replay> CommitBody for Call<B> {
 ///
 /// Not `http::request::Parts`, which can only be made with default fields: replacing them
 /// would drop a default URI and header map on every call, for nothing.
-struct Head {
+struct RequestHead {
     method: http::Method,
     uri: http::Uri,
     version: http::Version,
@@ -407,9 +400,9 @@ struct Head {
     extensions: http::Extensions,
 }
 
-impl Head {
-    fn of(parts: &http::request::Parts) -> Head {
-        Head {
+impl RequestHead {
+    fn of(parts: &http::request::Parts) -> RequestHead {
+        RequestHead {
             method: parts.method.clone(),
             uri: parts.uri.clone(),
             version: parts.version,

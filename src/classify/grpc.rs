@@ -1,6 +1,6 @@
 //! The gRPC classifier: retryable status codes from Trailers-Only responses.
 
-use http::{HeaderMap, StatusCode};
+use http::{HeaderMap, HeaderValue, StatusCode};
 
 use super::{AttemptResult, Classify, Code, GrpcCodes, Outcome, transport_outcome};
 use crate::pushback::grpc_pushback;
@@ -22,11 +22,8 @@ use crate::pushback::grpc_pushback;
 /// assert_eq!(grpc_status(StatusCode::OK, &headers), Some(Code::ResourceExhausted));
 /// ```
 pub fn grpc_status(status: StatusCode, headers: &HeaderMap) -> Option<Code> {
-    // A constant name: a `&str` key would be parsed and checked on every lookup.
-    const GRPC_STATUS: http::HeaderName = http::HeaderName::from_static("grpc-status");
-    if let Some(value) = headers.get(&GRPC_STATUS) {
-        // An unparseable status is UNKNOWN, as the gRPC HTTP/2 protocol says.
-        return Some(Code::from_header_bytes(value.as_bytes()).unwrap_or(Code::Unknown));
+    if let Some(code) = header_status(headers) {
+        return Some(code);
     }
     if status == StatusCode::OK {
         return None;
@@ -39,6 +36,26 @@ pub fn grpc_status(status: StatusCode, headers: &HeaderMap) -> Option<Code> {
         404 => Code::Unimplemented,
         429 | 502 | 503 | 504 => Code::Unavailable,
         _ => Code::Unknown,
+    })
+}
+
+/// The status in a `grpc-status` header, if there is one: the status of a Trailers-Only
+/// response, or a response's trailers. Every reader of answers in the crate (the layers'
+/// classifiers and the balancer's health) reads it here.
+pub(crate) fn header_status(headers: &HeaderMap) -> Option<Code> {
+    // A constant name: a `&str` key would be parsed and checked on every lookup.
+    const GRPC_STATUS: http::HeaderName = http::HeaderName::from_static("grpc-status");
+    let value = headers.get(&GRPC_STATUS)?;
+    // An unparseable status is UNKNOWN, as the gRPC HTTP/2 protocol says.
+    Some(Code::from_header_bytes(value.as_bytes()).unwrap_or(Code::Unknown))
+}
+
+/// Whether a `content-type` is gRPC's: `application/grpc`, or `application/grpc+<codec>` or
+/// with parameters after `;`. The layers test requests with it, the balancer responses.
+pub(crate) fn is_grpc_content_type(value: Option<&HeaderValue>) -> bool {
+    value.is_some_and(|v| {
+        let v = v.as_bytes();
+        v.starts_with(b"application/grpc") && matches!(v.get(16), None | Some(b'+') | Some(b';'))
     })
 }
 

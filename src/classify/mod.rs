@@ -83,6 +83,7 @@ use std::fmt;
 pub use self::code::{Code, GrpcCodes, UnknownCode};
 pub use self::errors::transport_outcome;
 pub use self::grpc::grpc_status;
+pub(crate) use self::grpc::{header_status, is_grpc_content_type};
 pub use self::http::{HttpStatuses, ResetFormat, ResetHeader};
 #[cfg(feature = "retry-info")]
 #[cfg_attr(docsrs, doc(cfg(feature = "retry-info")))]

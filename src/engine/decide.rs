@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use http::{HeaderMap, HeaderValue, StatusCode};
 
-use super::{AttemptId, CommitBody, Engine, Inputs, Mode, Pending, Send, Verdict, after};
+use super::{AttemptId, CommitBody, Dispatch, Engine, Inputs, Mode, Pending, Verdict, after};
 use crate::backoff::Step;
 use crate::classify::{AttemptResult, Outcome};
 use crate::policy::{RetryContext, RetryDecision};
@@ -22,7 +22,7 @@ impl Engine {
         inputs: &mut Inputs<'_>,
     ) -> Verdict {
         if self
-            .trouble
+            .retry_state
             .as_ref()
             .is_some_and(|t| attempt.send <= t.timed_out_through)
             && !matches!(outcome, Outcome::Success | Outcome::Fatal(_))
@@ -31,9 +31,9 @@ impl Engine {
             return Verdict::Drop;
         }
         if !matches!(outcome, Outcome::NotSent)
-            && let Some(trouble) = &mut self.trouble
+            && let Some(retry_state) = &mut self.retry_state
         {
-            trouble.not_sent_in_a_row = 0;
+            retry_state.not_sent_in_a_row = 0;
         }
         match self.gate(outcome) {
             Outcome::Success => {
@@ -84,16 +84,16 @@ impl Engine {
                     }
                 }
             }
-            Outcome::Refused if !self.trouble().refused_retried && self.replayable() => {
+            Outcome::Refused if !self.retry_state().refused_retried && self.replayable() => {
                 // Reached the server but not its application: once, at once.
-                self.trouble().refused_retried = true;
+                self.retry_state().refused_retried = true;
                 self.resend(attempt, inputs.now(), Duration::ZERO, "refused");
                 self.keep(attempt)
             }
             Outcome::Refused => {
                 // A second refusal is the policy's to judge, as the `UNAVAILABLE` it maps to.
                 let outcome = self.unavailable_as_the_policy_sees_it();
-                self.trouble().refused_retried = true;
+                self.retry_state().refused_retried = true;
                 if outcome == Outcome::Refused {
                     if !self.claim(attempt, reader, body) {
                         return Verdict::Drop;
@@ -113,13 +113,13 @@ impl Engine {
 
     /// Keeps `attempt`'s failure as the call's last.
     fn keep(&mut self, attempt: AttemptId) -> Verdict {
-        self.trouble().last = Some(attempt);
+        self.retry_state().last = Some(attempt);
         Verdict::Keep
     }
 
     fn count_retry_failure(&mut self, attempt: AttemptId) {
         if attempt.number > 1 {
-            self.trouble().retry_failures += 1;
+            self.retry_state().retry_failures += 1;
         }
     }
 
@@ -155,7 +155,7 @@ impl Engine {
     /// without one), in every mode alike.
     fn not_sent(&mut self, attempt: AttemptId, inputs: &mut Inputs<'_>) {
         let bounded_out = self.deadline.is_none()
-            && self.trouble().not_sent_in_a_row >= self.rules.max_transparent();
+            && self.retry_state().not_sent_in_a_row >= self.rules.max_transparent();
         if bounded_out || !self.replayable() {
             let reason = if bounded_out {
                 "transparent retries exhausted"
@@ -166,7 +166,7 @@ impl Engine {
             return;
         }
         let step = Step {
-            attempt: self.trouble().not_sent_in_a_row,
+            attempt: self.retry_state().not_sent_in_a_row,
             previous: None,
         };
         let delay = self.rules.backoff().sample(step, inputs.rng());
@@ -175,7 +175,7 @@ impl Engine {
             tracing::debug!(attempt = attempt.send, reason = "deadline", "not retrying");
             return;
         }
-        self.trouble().not_sent_in_a_row += 1;
+        self.retry_state().not_sent_in_a_row += 1;
         self.resend(attempt, now, delay, "not sent");
     }
 
@@ -183,9 +183,9 @@ impl Engine {
     fn resend(&mut self, attempt: AttemptId, now: Instant, delay: Duration, reason: &str) {
         tracing::debug!(attempt = attempt.send, ?delay, reason, "transparent retry");
         let hedge = !self.live.is_empty();
-        self.trouble().resends.push(Pending {
+        self.retry_state().resends.push(Pending {
             at: Some(after(now, delay)),
-            send: Send {
+            send: Dispatch {
                 number: attempt.number,
                 transparent: true,
                 hedge,
@@ -269,21 +269,21 @@ impl Engine {
         let delay = match pushback {
             Some(Pushback::After(delay)) => {
                 // The server's delay exactly; the backoff restarts from its first step.
-                self.trouble().backoff_step = 0;
-                self.trouble().previous_delay = None;
+                self.retry_state().backoff_step = 0;
+                self.retry_state().previous_delay = None;
                 delay
             }
             _ if at_once => Duration::ZERO,
             _ => {
-                let trouble = self.trouble();
+                let retry_state = self.retry_state();
                 let step = Step {
-                    attempt: trouble.backoff_step,
-                    previous: trouble.previous_delay,
+                    attempt: retry_state.backoff_step,
+                    previous: retry_state.previous_delay,
                 };
                 let delay = self.rules.backoff().sample(step, inputs.rng());
-                let trouble = self.trouble();
-                trouble.backoff_step = trouble.backoff_step.saturating_add(1);
-                trouble.previous_delay = Some(delay);
+                let retry_state = self.retry_state();
+                retry_state.backoff_step = retry_state.backoff_step.saturating_add(1);
+                retry_state.previous_delay = Some(delay);
                 delay
             }
         };
@@ -312,7 +312,7 @@ impl Engine {
         tracing::debug!(attempt = self.sent + 1, ?delay, reason, "retrying");
         self.next = Some(Pending {
             at: Some(after(now, delay)),
-            send: Send {
+            send: Dispatch {
                 number: self.counted + 1,
                 transparent: false,
                 hedge: at_once,
@@ -372,7 +372,7 @@ impl Engine {
         } else if self.may_count(may_repeat) {
             self.next = Some(Pending {
                 at: Some(at),
-                send: Send {
+                send: Dispatch {
                     number: self.counted + 1,
                     transparent: false,
                     hedge: true,
@@ -397,7 +397,7 @@ impl Engine {
             return;
         }
         tracing::debug!(attempt = attempt.send, "per-attempt timeout");
-        self.trouble().timed_out_through = attempt.send;
+        self.retry_state().timed_out_through = attempt.send;
         let timed_out = crate::error::AttemptTimedOut::new();
         let result = AttemptResult::Error(&timed_out);
         if hedge {
@@ -416,10 +416,10 @@ impl Engine {
             return;
         }
         self.live.remove(attempt);
-        let trouble = self.trouble();
-        trouble.timed_out = Some(attempt);
-        trouble.last = Some(attempt);
-        trouble.not_sent_in_a_row = 0;
+        let retry_state = self.retry_state();
+        retry_state.timed_out = Some(attempt);
+        retry_state.last = Some(attempt);
+        retry_state.not_sent_in_a_row = 0;
         match self.gate(Outcome::Retryable(None)) {
             outcome @ Outcome::Retryable(_) => self.retryable(outcome, result, inputs, false),
             _ => self.stopped = true,

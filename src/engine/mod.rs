@@ -2,8 +2,11 @@
 //!
 //! Every rule of gRFC A6 that decides what a call does lives here once, for both layers: a
 //! retried call is a hedged call with one attempt in flight and no hedging delay. The engine
-//! owns no futures, reads no clock and draws no random numbers of its own (the driver passes
-//! [`Inputs`]: the time, read lazily, and a random generator), and does no IO.
+//! owns no futures and does no IO. Its own rules read no clock and draw no random numbers:
+//! the driver passes [`Inputs`] (the time, read lazily, and a random generator). The
+//! layer-wide state it consults is the exception: a retry throttle or budget and an adaptive
+//! hedging delay keep windows over time across calls, so they read tokio's clock and draw
+//! from their own generator.
 //!
 //! ```text
 //! events in:   on_sent (attempt n went out with body reader r) | on_answer (attempt n, its
@@ -63,7 +66,7 @@ impl AttemptId {
 
 /// An attempt the driver should send as soon as its service is ready.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Send {
+pub(crate) struct Dispatch {
     /// The counted attempt it makes (see [`AttemptId::number`]).
     pub(crate) number: u32,
     /// A transparent retry: it counts toward neither `maxAttempts` nor the throttle.
@@ -96,7 +99,7 @@ pub(crate) enum End {
 pub(crate) enum Action {
     /// Send this attempt once the service is ready: then [`Engine::admit`] it, and report it
     /// with [`Engine::on_sent`]. Asked again, the engine gives the same send until it is sent.
-    Send(Send),
+    Send(Dispatch),
     /// Drop every attempt that is not [live](Engine::is_live) any more: dropping an attempt's
     /// future cancels it.
     Cancel,
@@ -167,7 +170,7 @@ struct Pending {
     /// `None` until the call starts waiting: the first hedge's delay runs from the first
     /// poll, and a call answered on that poll never reads the clock.
     at: Option<Instant>,
-    send: Send,
+    send: Dispatch,
     /// The throttle allowed it (asked once: a budget withdraws when it says yes).
     granted: bool,
     /// A backup request: a hedge due because the hedging delay passed while attempts are
@@ -207,7 +210,7 @@ pub(crate) struct Engine {
     cancelled: bool,
     /// What only a call that failed once needs, made at its first failure (or first poll,
     /// for a per-attempt timeout): a call answered at once carries one word for it.
-    trouble: Option<Box<Trouble>>,
+    retry_state: Option<Box<RetryState>>,
     started: bool,
     ended: bool,
 }
@@ -215,7 +218,7 @@ pub(crate) struct Engine {
 /// The state of a call that has failed once (its backoff, its transparent resends, its last
 /// failure and its statistics), or whose policy has a per-attempt timeout.
 #[derive(Debug, Default)]
-struct Trouble {
+struct RetryState {
     /// Transparent retries sent.
     transparent: u32,
     /// Counted attempts sent while earlier ones might still be in flight.
@@ -252,7 +255,7 @@ struct Trouble {
 
 /// What a call's result carries about its attempts, when it made more than one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Marks {
+pub(crate) struct AttemptMarks {
     /// Every attempt the call sent.
     pub(crate) attempts: Attempts,
     /// `grpc-previous-rpc-attempts` of the attempt the result is from: the counted attempts
@@ -279,7 +282,7 @@ impl Engine {
             stopped: false,
             commit: Commit::Open,
             cancelled: false,
-            trouble: None,
+            retry_state: None,
             started: false,
             ended: false,
         };
@@ -293,7 +296,7 @@ impl Engine {
             // The first hedge's time is set when the call starts to wait.
             engine.next = Some(Pending {
                 at: None,
-                send: Send {
+                send: Dispatch {
                     number: 2,
                     transparent: false,
                     hedge: true,
@@ -307,18 +310,18 @@ impl Engine {
 
     /// The attempts sent so far.
     pub(crate) fn attempts(&self) -> Attempts {
-        let transparent = self.trouble.as_ref().map_or(0, |t| t.transparent);
+        let transparent = self.retry_state.as_ref().map_or(0, |t| t.transparent);
         Attempts::new(self.sent, transparent)
     }
 
     /// What the result of `from` (the attempt it came from; `None` for an error the call
     /// made itself) carries: `None` for a call of one attempt, whose result is as it was.
-    pub(crate) fn marks(&self, from: Option<AttemptId>) -> Option<Marks> {
+    pub(crate) fn marks(&self, from: Option<AttemptId>) -> Option<AttemptMarks> {
         if self.sent <= 1 {
             return None;
         }
         let number = from.map_or(self.counted, |id| id.number);
-        Some(Marks {
+        Some(AttemptMarks {
             attempts: self.attempts(),
             previous: number - 1,
         })
@@ -327,25 +330,25 @@ impl Engine {
     /// What the call did beyond its first attempt; `None` for a call of one attempt.
     #[cfg_attr(not(feature = "opentelemetry"), allow(dead_code))]
     pub(crate) fn extra(&self) -> Option<CallCounts> {
-        let trouble = self.trouble.as_deref();
-        let over_budget = trouble.map_or(0, |t| t.hedges_over_budget);
+        let retry_state = self.retry_state.as_deref();
+        let over_budget = retry_state.map_or(0, |t| t.hedges_over_budget);
         if self.sent <= 1 && over_budget == 0 {
             return None;
         }
-        let hedges = trouble.map_or(0, |t| t.hedges);
+        let hedges = retry_state.map_or(0, |t| t.hedges);
         Some(CallCounts {
             retries: self.counted - 1 - hedges,
             hedges,
             hedges_over_budget: over_budget,
-            transparent: trouble.map_or(0, |t| t.transparent),
-            delay: self.trouble.as_ref().map_or(Duration::ZERO, |t| t.idle),
+            transparent: retry_state.map_or(0, |t| t.transparent),
+            delay: self.retry_state.as_ref().map_or(Duration::ZERO, |t| t.idle),
         })
     }
 
     /// Failed retries since the last call, for the statistics: A6 counts "retry attempts
     /// which failed", hedges after the first included.
     pub(crate) fn take_retry_failures(&mut self) -> u32 {
-        self.trouble
+        self.retry_state
             .as_mut()
             .map_or(0, |t| std::mem::take(&mut t.retry_failures))
     }
@@ -405,18 +408,22 @@ impl Engine {
 
     /// Whether the call has ended, or its end is decided.
     fn is_over(&self) -> bool {
-        self.ended || self.trouble.as_ref().is_some_and(|t| t.ending.is_some())
+        self.ended
+            || self
+                .retry_state
+                .as_ref()
+                .is_some_and(|t| t.ending.is_some())
     }
 
     /// When the latest counted attempt's per-attempt timeout runs out, if it has one.
     fn attempt_timeout(&self) -> Option<Instant> {
-        let trouble = self.trouble.as_ref()?;
-        trouble.attempt_timeout.map(|(_, at)| at)
+        let retry_state = self.retry_state.as_ref()?;
+        retry_state.attempt_timeout.map(|(_, at)| at)
     }
 
     /// The state of a call that has failed, made at its first failure.
-    fn trouble(&mut self) -> &mut Trouble {
-        self.trouble.get_or_insert_with(Box::default)
+    fn retry_state(&mut self) -> &mut RetryState {
+        self.retry_state.get_or_insert_with(Box::default)
     }
 
     /// Anchors the first attempt's timers at the time the call first waits.
@@ -426,7 +433,7 @@ impl Engine {
         }
         self.started = true;
         if let Some((timeout, _)) = self.rules.per_attempt_timeout() {
-            self.trouble().attempt_timeout = Some((AttemptId::FIRST, after(now, timeout)));
+            self.retry_state().attempt_timeout = Some((AttemptId::FIRST, after(now, timeout)));
         }
         if let Some(delay) = self.rules.hedging_delay()
             && let Some(next) = &mut self.next
@@ -457,15 +464,15 @@ impl Engine {
 
     /// Every send decided on and not made yet.
     fn scheduled(&self) -> impl Iterator<Item = &Pending> {
-        let resends = self.trouble.iter().flat_map(|t| &t.resends);
+        let resends = self.retry_state.iter().flat_map(|t| &t.resends);
         self.next.iter().chain(resends)
     }
 
     /// Drops every send decided on: no new attempt may start.
     fn unschedule(&mut self) {
         self.next = None;
-        if let Some(trouble) = &mut self.trouble {
-            trouble.resends.clear();
+        if let Some(retry_state) = &mut self.retry_state {
+            retry_state.resends.clear();
         }
     }
 
@@ -473,7 +480,7 @@ impl Engine {
     fn end(&mut self, end: End) {
         if !self.is_over() {
             // The driver drops every attempt when the call ends: no separate cancel.
-            self.trouble().ending = Some(end);
+            self.retry_state().ending = Some(end);
             self.unschedule();
             self.live.clear();
             self.cancelled = false;
@@ -485,7 +492,7 @@ impl Engine {
     /// budget withdraws when it says yes); a backup hedge asks its policy's hedge budget
     /// first, and gets its hedge back if the throttle then refuses. A refusal stops the
     /// counted attempts, and the call waits on those in flight.
-    pub(crate) fn admit(&mut self, send: Send) -> Admission {
+    pub(crate) fn admit(&mut self, send: Dispatch) -> Admission {
         if self.is_over() {
             return Admission::Refused;
         }
@@ -508,7 +515,7 @@ impl Engine {
             tracing::debug!(attempt = self.sent + 1, "hedge over budget");
             self.stopped = true;
             self.next = None;
-            self.trouble().hedges_over_budget += 1;
+            self.retry_state().hedges_over_budget += 1;
             return Admission::OverBudget;
         }
         if self.throttle_refuses() {
@@ -526,22 +533,22 @@ impl Engine {
     /// reader `reader`.
     pub(crate) fn on_sent(
         &mut self,
-        send: Send,
+        send: Dispatch,
         reader: u64,
         inputs: &mut Inputs<'_>,
     ) -> AttemptId {
         if self.next.is_some_and(|p| p.send == send) {
             self.next = None;
-        } else if let Some(trouble) = &mut self.trouble
-            && let Some(i) = trouble.resends.iter().position(|p| p.send == send)
+        } else if let Some(retry_state) = &mut self.retry_state
+            && let Some(i) = retry_state.resends.iter().position(|p| p.send == send)
         {
-            trouble.resends.swap_remove(i);
+            retry_state.resends.swap_remove(i);
         }
         self.sent += 1;
-        if let Some(trouble) = &mut self.trouble
-            && let Some(since) = trouble.idle_since.take()
+        if let Some(retry_state) = &mut self.retry_state
+            && let Some(since) = retry_state.idle_since.take()
         {
-            trouble.idle += inputs.now().saturating_duration_since(since);
+            retry_state.idle += inputs.now().saturating_duration_since(since);
         }
         let id = AttemptId {
             send: self.sent,
@@ -549,23 +556,23 @@ impl Engine {
         };
         self.live.push(id, reader);
         if send.transparent {
-            self.trouble().transparent += 1;
+            self.retry_state().transparent += 1;
             return id;
         }
         self.counted += 1;
         if send.hedge {
-            self.trouble().hedges += 1;
+            self.retry_state().hedges += 1;
         }
         if let Some((timeout, _)) = self.rules.per_attempt_timeout() {
             let at = after(inputs.now(), timeout);
-            self.trouble().attempt_timeout = Some((id, at));
+            self.retry_state().attempt_timeout = Some((id, at));
         }
         if let Some(delay) = self.rules.hedging_delay()
             && self.may_count_another()
         {
             self.next = Some(Pending {
                 at: Some(after(inputs.now(), delay)),
-                send: Send {
+                send: Dispatch {
                     number: self.counted + 1,
                     transparent: false,
                     hedge: true,
@@ -600,8 +607,8 @@ impl Engine {
         if self.live.retain(|id| Some(id) == attempt) {
             self.cancelled = true;
         }
-        if let Some(trouble) = &mut self.trouble {
-            trouble.attempt_timeout = None;
+        if let Some(retry_state) = &mut self.retry_state {
+            retry_state.attempt_timeout = None;
         }
     }
 
@@ -669,10 +676,10 @@ impl Engine {
         if std::mem::take(&mut self.cancelled) {
             return Action::Cancel;
         }
-        if let Some(id) = self.trouble.as_mut().and_then(|t| t.timed_out.take()) {
+        if let Some(id) = self.retry_state.as_mut().and_then(|t| t.timed_out.take()) {
             return Action::TimedOut(id);
         }
-        if let Some(end) = self.trouble.as_mut().and_then(|t| t.ending.take()) {
+        if let Some(end) = self.retry_state.as_mut().and_then(|t| t.ending.take()) {
             self.ended = true;
             return Action::End(end);
         }
@@ -684,17 +691,17 @@ impl Engine {
         self.start(now);
         if self.live.is_empty() {
             // Nothing in flight: the wait until the next send is the call's retry delay.
-            self.trouble().idle_since.get_or_insert(now);
+            self.retry_state().idle_since.get_or_insert(now);
         }
         if self.deadline.is_some_and(|deadline| now >= deadline) {
             self.deadline_passed();
             return self.poll(inputs);
         }
-        if let Some(trouble) = &mut self.trouble
-            && let Some((attempt, at)) = trouble.attempt_timeout
+        if let Some(retry_state) = &mut self.retry_state
+            && let Some((attempt, at)) = retry_state.attempt_timeout
             && now >= at
         {
-            trouble.attempt_timeout = None;
+            retry_state.attempt_timeout = None;
             self.on_attempt_timeout(attempt, inputs);
             return self.poll(inputs);
         }
@@ -722,7 +729,7 @@ impl Engine {
 
     /// The end of a call with nothing in flight and nothing to send: its last failure.
     fn last_end(&self) -> End {
-        let last = self.trouble.as_ref().and_then(|t| t.last);
+        let last = self.retry_state.as_ref().and_then(|t| t.last);
         End::Last(last.unwrap_or(AttemptId::FIRST))
     }
 
@@ -736,15 +743,15 @@ impl Engine {
             tracing::debug!(reason = "deadline", "not retrying");
             self.next = None;
         }
-        if let Some(trouble) = &mut self.trouble {
-            trouble.resends.retain(|p| !past(p));
+        if let Some(retry_state) = &mut self.retry_state {
+            retry_state.resends.retain(|p| !past(p));
         }
     }
 
     /// The send that is due at `now`, if any: transparent resends first.
-    fn due(&self, now: Instant) -> Option<Send> {
+    fn due(&self, now: Instant) -> Option<Dispatch> {
         let is_due = |p: &&Pending| p.at.is_some_and(|at| at <= now);
-        let resends = self.trouble.iter().flat_map(|t| &t.resends);
+        let resends = self.retry_state.iter().flat_map(|t| &t.resends);
         let resend = resends.filter(is_due).min_by_key(|p| p.at);
         resend.or(self.next.as_ref().filter(is_due)).map(|p| p.send)
     }

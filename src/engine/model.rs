@@ -255,7 +255,7 @@ struct Model {
     /// The attempt the body committed to, as the engine was told or claimed it.
     committed_attempt: Option<Option<AttemptId>>,
     /// The send the engine asks for, if the service has not taken it yet.
-    due: Option<Send>,
+    due: Option<Dispatch>,
     ended: Option<Ended>,
     sends: u32,
     transparent_sends: u32,
@@ -314,7 +314,7 @@ impl Model {
     /// refused only when the budget is spent; a backup hedge (no attempt failed since the
     /// last counted send) takes one; the replacement of an attempt that failed with a
     /// non-fatal code takes none and is never over budget.
-    fn admit(&mut self, send: Send) -> Result<Admission, TestCaseError> {
+    fn admit(&mut self, send: Dispatch) -> Result<Admission, TestCaseError> {
         let before = self.remaining();
         let admission = self.engine.admit(send);
         let taken = before - self.remaining();

@@ -102,9 +102,11 @@ impl Classify for NoPolicy {
     fn classify(&self, result: AttemptResult<'_>) -> Outcome {
         match result {
             AttemptResult::Response { status, headers } => {
-                let failed = match crate::classify::grpc_status(status, headers) {
-                    Some(code) if headers.contains_key("grpc-status") => code != Code::Ok,
-                    _ => status.is_server_error() || status == http::StatusCode::TOO_MANY_REQUESTS,
+                let failed = match crate::classify::header_status(headers) {
+                    Some(code) => code != Code::Ok,
+                    None => {
+                        status.is_server_error() || status == http::StatusCode::TOO_MANY_REQUESTS
+                    }
                 };
                 if failed {
                     Outcome::Fatal(None)

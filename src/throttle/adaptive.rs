@@ -18,15 +18,15 @@ const SLOTS: usize = 10;
 
 /// Requests and accepts in one slot of the window.
 #[derive(Debug, Default, Clone, Copy)]
-struct Counts {
+struct SlotCounts {
     requests: u64,
     accepts: u64,
 }
 
 /// The answers, counted per core (a success writes nothing other cores write), and the
 /// generator of the rejections, drawn from only while some are rejected.
-struct State {
-    window: ShardedSlots<Counts, SLOTS>,
+struct Inner {
+    window: ShardedSlots<SlotCounts, SLOTS>,
     rng: Mutex<SmallRng>,
 }
 
@@ -87,7 +87,7 @@ struct State {
 /// ```
 #[derive(Clone)]
 pub struct AdaptiveThrottle {
-    state: Arc<State>,
+    state: Arc<Inner>,
     window: Duration,
     k: f64,
 }
@@ -125,7 +125,7 @@ impl AdaptiveThrottle {
 
     fn with_rng(window: Duration, k: f64, rng: SmallRng) -> AdaptiveThrottle {
         AdaptiveThrottle {
-            state: Arc::new(State {
+            state: Arc::new(Inner {
                 window: ShardedSlots::new(window, Instant::now()),
                 rng: Mutex::new(rng),
             }),
@@ -172,12 +172,14 @@ impl AdaptiveThrottle {
         self.counts().accepts
     }
 
-    fn counts(&self) -> Counts {
+    fn counts(&self) -> SlotCounts {
         self.state
             .window
-            .fold(Instant::now(), Counts::default(), |sum, slot| Counts {
-                requests: sum.requests.saturating_add(slot.requests),
-                accepts: sum.accepts.saturating_add(slot.accepts),
+            .fold(Instant::now(), SlotCounts::default(), |sum, slot| {
+                SlotCounts {
+                    requests: sum.requests.saturating_add(slot.requests),
+                    accepts: sum.accepts.saturating_add(slot.accepts),
+                }
             })
     }
 
@@ -197,7 +199,7 @@ impl AdaptiveThrottle {
     }
 }
 
-fn probability(counts: Counts, k: f64) -> f64 {
+fn probability(counts: SlotCounts, k: f64) -> f64 {
     let requests = counts.requests as f64;
     let rejected = (requests - k * counts.accepts as f64) / (requests + 1.0);
     rejected.max(0.0)

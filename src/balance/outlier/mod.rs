@@ -1,16 +1,34 @@
-//! The settings of the balancer's outlier detection ([`OutlierDetection`]): gRFC A50's knobs,
-//! in code or from the JSON of gRPC's `outlier_detection_experimental` policy, and the
-//! balancer's own (a run of consecutive failures, how fast failures fade, which codes fail).
+//! The balancer's outlier detection (gRFC A50), apart from the balancer:
+//!
+//! - the settings ([`OutlierDetection`]): A50's knobs, in code or from the JSON of gRPC's
+//!   `outlier_detection_experimental` policy, and the balancer's own (a run of consecutive
+//!   failures, how fast failures fade, which codes fail);
+//! - `health`: what each backend's answers say, read as the layers read them;
+//! - `detector`: which backends are ejected, and when they come back;
+//! - `metrics`: the ejections on OpenTelemetry instruments.
+//!
+//! The balancer sees a narrow seam: it makes a [`Detector`] from the settings, gives each
+//! backend a [`Health`] that its attempts record into, runs the detector on `poll_ready`, and
+//! asks it which backends may be picked.
 
 use std::fmt;
 use std::time::Duration;
 
 use crate::classify::{Code, GrpcCodes};
 
+mod detector;
 mod error;
+pub(super) mod health;
 mod json;
+#[cfg(feature = "opentelemetry")]
+mod metrics;
 
+pub(super) use self::detector::Detector;
+pub use self::detector::{Ejection, EjectionReason, Outliers};
 pub use self::error::{OutlierDetectionError, OutlierRule};
+pub(super) use self::health::Health;
+#[cfg(feature = "opentelemetry")]
+pub use self::metrics::OutlierMetrics;
 
 /// The outlier detection of a [`Balance`](super::Balance) or
 /// [`BalancedChannel`](super::BalancedChannel): which backends it ejects, for how long, and
@@ -72,7 +90,7 @@ pub struct OutlierDetection {
     pub(crate) failure_half_life: Duration,
     pub(crate) failure_codes: GrpcCodes,
     #[cfg(feature = "opentelemetry")]
-    pub(crate) metrics: Option<super::OutlierMetrics>,
+    pub(crate) metrics: Option<OutlierMetrics>,
 }
 
 /// The gRPC codes that count as a backend's failure by default: those whose HTTP mapping is a
@@ -389,10 +407,10 @@ impl OutlierDetectionBuilder {
     }
 
     /// Counts ejections on OpenTelemetry instruments (feature `opentelemetry`): see
-    /// [`OutlierMetrics`](super::OutlierMetrics).
+    /// [`OutlierMetrics`](OutlierMetrics).
     #[cfg(feature = "opentelemetry")]
     #[cfg_attr(docsrs, doc(cfg(feature = "opentelemetry")))]
-    pub fn metrics(mut self, metrics: super::OutlierMetrics) -> Self {
+    pub fn metrics(mut self, metrics: OutlierMetrics) -> Self {
         self.config.metrics = Some(metrics);
         self
     }

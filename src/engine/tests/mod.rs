@@ -67,7 +67,7 @@ fn answer(engine: &mut Engine, id: AttemptId, outcome: Outcome, now: Instant) ->
 
 /// Sends `send` as the driver does: admitted, then sent with the body reader numbered as the
 /// send is.
-fn sent(engine: &mut Engine, send: Send, now: Instant) -> AttemptId {
+fn sent(engine: &mut Engine, send: Dispatch, now: Instant) -> AttemptId {
     assert_eq!(engine.admit(send), Admission::Send, "{send:?} is admitted");
     let reader = u64::from(engine.attempts().sent() + 1);
     at(now, |inputs| engine.on_sent(send, reader, inputs))

@@ -12,77 +12,66 @@ use std::time::Duration;
 use http::{HeaderMap, StatusCode};
 use tokio::time::Instant;
 
-use crate::classify::{Code, GrpcCodes};
+use crate::classify::{Code, GrpcCodes, header_status, is_grpc_content_type};
 
 /// How an attempt's answer counts for its backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Verdict {
+pub(crate) enum Score {
     Success,
     Failure,
 }
 
 /// What a response's head says, before its body is read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Head {
+pub(crate) enum HeadScore {
     /// The head decides: a status in the headers (Trailers-Only), an HTTP status, or a
     /// response that is not gRPC.
-    Settled(Verdict),
+    Settled(Score),
     /// A gRPC response that has begun: its status comes in the trailers.
     Trailers,
 }
 
-/// `grpc-status`, as a constant name.
-const GRPC_STATUS: http::HeaderName = http::HeaderName::from_static("grpc-status");
-
 /// Classifies a response head as the layers classify attempts: the gRPC status in the headers
 /// (a Trailers-Only response) is a failure when `failure_codes` holds it; without one, an
-/// HTTP 5xx or 429 is a failure, a gRPC response (`content-type: application/grpc…`) waits for
+/// HTTP 5xx or 429 is a failure, a gRPC response (gRPC content type, status 200) waits for
 /// its trailers, and anything else is a success.
 pub(crate) fn classify_head(
     status: StatusCode,
     headers: &HeaderMap,
     failure_codes: GrpcCodes,
-) -> Head {
-    if let Some(code) = status_of(headers) {
-        return Head::Settled(verdict(code, failure_codes));
+) -> HeadScore {
+    if let Some(code) = header_status(headers) {
+        return HeadScore::Settled(verdict(code, failure_codes));
     }
     if status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS {
-        return Head::Settled(Verdict::Failure);
+        return HeadScore::Settled(Score::Failure);
     }
-    let grpc = headers
-        .get(http::header::CONTENT_TYPE)
-        .is_some_and(|value| value.as_bytes().starts_with(b"application/grpc"));
+    let grpc = is_grpc_content_type(headers.get(http::header::CONTENT_TYPE));
     if grpc && status == StatusCode::OK {
-        Head::Trailers
+        HeadScore::Trailers
     } else {
-        Head::Settled(Verdict::Success)
+        HeadScore::Settled(Score::Success)
     }
 }
 
 /// Classifies the trailers of a gRPC response: its `grpc-status`; none counts as a success
 /// (nothing says the backend failed).
-pub(crate) fn classify_trailers(trailers: &HeaderMap, failure_codes: GrpcCodes) -> Verdict {
-    status_of(trailers).map_or(Verdict::Success, |code| verdict(code, failure_codes))
+pub(crate) fn classify_trailers(trailers: &HeaderMap, failure_codes: GrpcCodes) -> Score {
+    header_status(trailers).map_or(Score::Success, |code| verdict(code, failure_codes))
 }
 
-fn status_of(headers: &HeaderMap) -> Option<Code> {
-    // An unparseable status is UNKNOWN, as the gRPC HTTP/2 protocol says.
-    let value = headers.get(&GRPC_STATUS)?;
-    Some(Code::from_header_bytes(value.as_bytes()).unwrap_or(Code::Unknown))
-}
-
-fn verdict(code: Code, failure_codes: GrpcCodes) -> Verdict {
+fn verdict(code: Code, failure_codes: GrpcCodes) -> Score {
     if failure_codes.contains(code) {
-        Verdict::Failure
+        Score::Failure
     } else {
-        Verdict::Success
+        Score::Success
     }
 }
 
 /// What every backend's [`Health`] of one balancer shares: the settings the recording side
 /// needs, and the flag that tells the balancer a backend reached its run of failures.
 #[derive(Debug)]
-pub(crate) struct Shared {
+pub(crate) struct HealthRules {
     /// Set when a backend's run of consecutive failures reaches the limit.
     tripped: AtomicBool,
     /// The run of consecutive failures that trips a backend; `None`: never.
@@ -93,13 +82,13 @@ pub(crate) struct Shared {
     pub(crate) failure_codes: GrpcCodes,
 }
 
-impl Shared {
+impl HealthRules {
     pub(crate) fn new(
         consecutive_failures: Option<u32>,
         half_life: Duration,
         failure_codes: GrpcCodes,
-    ) -> Shared {
-        Shared {
+    ) -> HealthRules {
+        HealthRules {
             tripped: AtomicBool::new(false),
             consecutive_failures,
             half_life_secs: half_life.as_secs_f64(),
@@ -125,7 +114,7 @@ pub(crate) struct Health {
     stats: Mutex<Stats>,
     /// Written by the balancer only; read by the picker.
     ejected: AtomicBool,
-    shared: std::sync::Arc<Shared>,
+    shared: std::sync::Arc<HealthRules>,
 }
 
 #[derive(Debug, Default)]
@@ -166,19 +155,19 @@ impl Stats {
 
 /// A backend's answers in one interval.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct Counts {
+pub(crate) struct IntervalCounts {
     pub(crate) successes: u64,
     pub(crate) failures: u64,
 }
 
-impl Counts {
+impl IntervalCounts {
     pub(crate) fn volume(self) -> u64 {
         self.successes + self.failures
     }
 }
 
 impl Health {
-    pub(crate) fn new(shared: std::sync::Arc<Shared>) -> Health {
+    pub(crate) fn new(shared: std::sync::Arc<HealthRules>) -> Health {
         Health {
             stats: Mutex::new(Stats::default()),
             ejected: AtomicBool::new(false),
@@ -195,20 +184,20 @@ impl Health {
     }
 
     /// Records an attempt's answer, at tokio's `now`.
-    pub(crate) fn record(&self, verdict: Verdict) {
+    pub(crate) fn record(&self, verdict: Score) {
         self.record_at(verdict, Instant::now());
     }
 
-    pub(crate) fn record_at(&self, verdict: Verdict, now: Instant) {
+    pub(crate) fn record_at(&self, verdict: Score, now: Instant) {
         let mut stats = self.lock();
         stats.fade_to(now, self.shared.half_life_secs);
         match verdict {
-            Verdict::Success => {
+            Score::Success => {
                 stats.successes += 1;
                 stats.recent_successes += 1.0;
                 stats.consecutive = 0;
             }
-            Verdict::Failure => {
+            Score::Failure => {
                 stats.failures += 1;
                 stats.recent_failures += 1.0;
                 stats.consecutive = stats.consecutive.saturating_add(1);
@@ -273,9 +262,9 @@ impl Health {
     }
 
     /// The counts of the interval that ends, and a fresh interval (A50's bucket swap).
-    pub(crate) fn swap_counts(&self) -> Counts {
+    pub(crate) fn swap_counts(&self) -> IntervalCounts {
         let mut stats = self.lock();
-        let counts = Counts {
+        let counts = IntervalCounts {
             successes: stats.successes,
             failures: stats.failures,
         };
@@ -314,7 +303,7 @@ mod tests {
     use std::sync::Arc;
 
     fn health(consecutive: Option<u32>) -> Health {
-        Health::new(Arc::new(Shared::new(
+        Health::new(Arc::new(HealthRules::new(
             consecutive,
             Duration::from_secs(1),
             GrpcCodes::from([Code::Unavailable, Code::Internal]),
@@ -343,46 +332,53 @@ mod tests {
         // Trailers-Only: the status in the headers decides.
         assert_eq!(
             head(200, &[grpc, ("grpc-status", "14")]),
-            Head::Settled(Verdict::Failure)
+            HeadScore::Settled(Score::Failure)
         );
         assert_eq!(
             head(200, &[grpc, ("grpc-status", "5")]),
-            Head::Settled(Verdict::Success)
+            HeadScore::Settled(Score::Success)
         );
         assert_eq!(
             head(200, &[grpc, ("grpc-status", "0")]),
-            Head::Settled(Verdict::Success)
+            HeadScore::Settled(Score::Success)
         );
         // A begun gRPC response waits for its trailers.
-        assert_eq!(head(200, &[grpc]), Head::Trailers);
+        assert_eq!(head(200, &[grpc]), HeadScore::Trailers);
         assert_eq!(
             head(200, &[("content-type", "application/grpc+proto")]),
-            Head::Trailers
+            HeadScore::Trailers
+        );
+        // The content type is tested as the layers test a request's: `application/grpc-web`
+        // (whose status comes in the body) and look-alikes are not gRPC.
+        assert_eq!(
+            head(200, &[("content-type", "application/grpc-web")]),
+            HeadScore::Settled(Score::Success)
+        );
+        assert_eq!(
+            head(200, &[("content-type", "application/grpcx")]),
+            HeadScore::Settled(Score::Success)
         );
         // HTTP: 5xx and 429 fail, anything else succeeds.
-        assert_eq!(head(503, &[]), Head::Settled(Verdict::Failure));
-        assert_eq!(head(500, &[grpc]), Head::Settled(Verdict::Failure));
-        assert_eq!(head(429, &[]), Head::Settled(Verdict::Failure));
-        assert_eq!(head(404, &[]), Head::Settled(Verdict::Success));
-        assert_eq!(head(200, &[]), Head::Settled(Verdict::Success));
+        assert_eq!(head(503, &[]), HeadScore::Settled(Score::Failure));
+        assert_eq!(head(500, &[grpc]), HeadScore::Settled(Score::Failure));
+        assert_eq!(head(429, &[]), HeadScore::Settled(Score::Failure));
+        assert_eq!(head(404, &[]), HeadScore::Settled(Score::Success));
+        assert_eq!(head(200, &[]), HeadScore::Settled(Score::Success));
         // The trailers of a begun response.
         assert_eq!(
             classify_trailers(&headers(&[("grpc-status", "14")]), codes),
-            Verdict::Failure
+            Score::Failure
         );
         assert_eq!(
             classify_trailers(&headers(&[("grpc-status", "0")]), codes),
-            Verdict::Success
+            Score::Success
         );
-        assert_eq!(
-            classify_trailers(&HeaderMap::new(), codes),
-            Verdict::Success
-        );
+        assert_eq!(classify_trailers(&HeaderMap::new(), codes), Score::Success);
         // An unparseable status is UNKNOWN.
         let unknown = GrpcCodes::from([Code::Unknown]);
         assert_eq!(
             classify_trailers(&headers(&[("grpc-status", "x")]), unknown),
-            Verdict::Failure
+            Score::Failure
         );
     }
 
@@ -391,29 +387,29 @@ mod tests {
         let health = health(None);
         let now = Instant::now();
         assert_eq!(health.weight(now), 1.0);
-        health.record_at(Verdict::Failure, now);
+        health.record_at(Score::Failure, now);
         assert_eq!(health.weight(now), 0.25);
         for _ in 0..4 {
-            health.record_at(Verdict::Failure, now);
+            health.record_at(Score::Failure, now);
         }
         assert!((health.weight(now) - 1.0 / 36.0).abs() < 1e-12);
         // Successes bring it back.
         for _ in 0..50 {
-            health.record_at(Verdict::Success, now);
+            health.record_at(Score::Success, now);
         }
         assert!(health.weight(now) > 0.8, "{}", health.weight(now));
         // A run of failures weighs at once, whatever came before it...
         for _ in 0..5 {
-            health.record_at(Verdict::Failure, now);
+            health.record_at(Score::Failure, now);
         }
         assert!((health.weight(now) - 1.0 / 36.0).abs() < 1e-12);
         // ... down to 1/100 for the run alone.
         let fresh = self::health(None);
         for _ in 0..1_000 {
-            fresh.record_at(Verdict::Success, now);
+            fresh.record_at(Score::Success, now);
         }
         for _ in 0..30 {
-            fresh.record_at(Verdict::Failure, now);
+            fresh.record_at(Score::Failure, now);
         }
         assert!(
             (fresh.weight(now) - 0.01).abs() < 1e-12,
@@ -422,13 +418,13 @@ mod tests {
         );
         // So does time: ten half-lives later, the failures weigh almost nothing.
         let health = self::health(None);
-        health.record_at(Verdict::Failure, now);
+        health.record_at(Score::Failure, now);
         let later = now + Duration::from_secs(10);
         assert!(health.weight(later) > 0.99, "{}", health.weight(later));
         // The ratio of what is left is still all failures; it does not do well.
         assert_eq!(health.failure_ratio(later), 1.0);
         assert!(!health.does_well(later));
-        health.record_at(Verdict::Success, later);
+        health.record_at(Score::Success, later);
         assert!(health.does_well(later));
     }
 
@@ -436,13 +432,13 @@ mod tests {
     fn a_run_of_failures_trips_the_shared_flag_once_per_failure_at_the_limit() {
         let health = health(Some(3));
         let now = Instant::now();
-        health.record_at(Verdict::Failure, now);
-        health.record_at(Verdict::Failure, now);
-        health.record_at(Verdict::Success, now);
-        health.record_at(Verdict::Failure, now);
-        health.record_at(Verdict::Failure, now);
+        health.record_at(Score::Failure, now);
+        health.record_at(Score::Failure, now);
+        health.record_at(Score::Success, now);
+        health.record_at(Score::Failure, now);
+        health.record_at(Score::Failure, now);
         assert!(!health.shared.take_tripped());
-        health.record_at(Verdict::Failure, now);
+        health.record_at(Score::Failure, now);
         assert!(health.is_tripped());
         assert!(health.shared.take_tripped());
         assert!(!health.shared.take_tripped(), "taken once");
@@ -450,17 +446,17 @@ mod tests {
         health.eject();
         assert!(!health.is_tripped());
         for _ in 0..5 {
-            health.record_at(Verdict::Failure, now);
+            health.record_at(Score::Failure, now);
         }
         assert!(!health.shared.take_tripped());
         assert_eq!(
             health.swap_counts(),
-            Counts {
+            IntervalCounts {
                 successes: 1,
                 failures: 10
             }
         );
-        assert_eq!(health.swap_counts(), Counts::default());
+        assert_eq!(health.swap_counts(), IntervalCounts::default());
     }
 
     #[test]
@@ -472,7 +468,7 @@ mod tests {
         health.un_eject(now);
         assert!(!health.is_ejected());
         assert_eq!(health.weight(now), 0.25);
-        health.record_at(Verdict::Success, now);
+        health.record_at(Score::Success, now);
         assert!(health.weight(now) > 0.25);
     }
 }

@@ -11,8 +11,8 @@ use std::time::Duration;
 use rand::Rng;
 use tokio::time::Instant;
 
-use super::health::{Counts, Health, Shared};
-use super::outlier::{FailurePercentageEjection, OutlierDetection, SuccessRateEjection};
+use super::health::{Health, HealthRules, IntervalCounts};
+use super::{FailurePercentageEjection, OutlierDetection, SuccessRateEjection};
 use crate::metadata::BackendId;
 
 /// Why a backend was ejected.
@@ -170,7 +170,7 @@ const FAR: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 pub(crate) struct Detector {
     config: OutlierDetection,
-    shared: Arc<Shared>,
+    shared: Arc<HealthRules>,
     records: Vec<Record>,
     ejected: usize,
     /// When the interval algorithms run next; unset until the first poll.
@@ -192,7 +192,7 @@ impl Detector {
         if !config.enabled {
             return None;
         }
-        let shared = Arc::new(Shared::new(
+        let shared = Arc::new(HealthRules::new(
             config.consecutive_failures,
             config.failure_half_life,
             config.failure_codes,
@@ -285,7 +285,7 @@ impl Detector {
         let into_current = Duration::from_nanos((behind % interval) as u64);
         self.next_tick = now.checked_add(self.config.interval - into_current);
 
-        let counts: Vec<Counts> = self
+        let counts: Vec<IntervalCounts> = self
             .records
             .iter()
             .map(|record| record.health.swap_counts())
@@ -308,7 +308,7 @@ impl Detector {
     fn success_rate(
         &mut self,
         config: SuccessRateEjection,
-        counts: &[Counts],
+        counts: &[IntervalCounts],
         now: Instant,
         rng: &mut impl Rng,
     ) {
@@ -350,7 +350,7 @@ impl Detector {
     fn failure_percentage(
         &mut self,
         config: FailurePercentageEjection,
-        counts: &[Counts],
+        counts: &[IntervalCounts],
         now: Instant,
         rng: &mut impl Rng,
     ) {
@@ -548,7 +548,7 @@ impl fmt::Debug for Detector {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::balance::health::Verdict;
+    use crate::balance::outlier::health::Score;
     use crate::balance::{EjectionReason, FailurePercentageEjection, SuccessRateEjection};
     use rand::SeedableRng;
     use rand::rngs::SmallRng;
@@ -585,10 +585,10 @@ mod tests {
 
         fn answer(&self, backend: usize, successes: u32, failures: u32) {
             for _ in 0..successes {
-                self.healths[backend].record(Verdict::Success);
+                self.healths[backend].record(Score::Success);
             }
             for _ in 0..failures {
-                self.healths[backend].record(Verdict::Failure);
+                self.healths[backend].record(Score::Failure);
             }
         }
 
