@@ -167,12 +167,12 @@ pub use crate::error::BoxError;
 /// # }
 /// ```
 pub struct ReplayBody<B> {
-    shared: Arc<Inner<B>>,
+    shared: Arc<Recording<B>>,
     cursor: Cursor,
 }
 
 /// What every reader of one body shares.
-struct Inner<B> {
+struct Recording<B> {
     /// One lock for the source and the record. The source is polled while it is held: only
     /// one reader may poll the source at a time in any case (`poll_frame` takes `&mut`), a
     /// poll does not block, and the reader that polls records what it gets before anyone can
@@ -210,7 +210,7 @@ struct SourceState<B> {
     source: Option<Source<B>>,
     record: Record,
     /// How the source ended, once it has; `Some` exactly when `source` is `None`.
-    end: Option<End>,
+    end: Option<SourceEnd>,
     /// The reader the call is committed to, once it is.
     commit: Option<Commit>,
     /// Where each live reader is in the record.
@@ -249,7 +249,7 @@ impl<B> Source<B> {
 
 /// How the source ended.
 #[derive(Debug)]
-enum End {
+enum SourceEnd {
     /// With no trailers (or after trailers that were not recorded, the call being committed).
     Eos,
     /// With these trailers.
@@ -282,7 +282,7 @@ type Polled = Poll<Option<Result<Frame<Bytes>, BoxError>>>;
 
 /// What to do once a poll has released the lock: done when it is dropped.
 struct After<'a, B> {
-    shared: &'a Inner<B>,
+    shared: &'a Recording<B>,
     /// The reader that polled.
     reader: u64,
     /// The shared state changed: wake the other readers waiting for the source.
@@ -364,13 +364,13 @@ where
         }
         // An empty body is finished before it starts: nothing to poll, nothing to record.
         let (source, end) = if body.is_end_stream() {
-            (None, Some(End::Eos))
+            (None, Some(SourceEnd::Eos))
         } else {
             (Some(source(body)), None)
         };
         let mut positions = Positions::default();
         let slot = positions.insert(0);
-        let shared = Arc::new(Inner {
+        let shared = Arc::new(Recording {
             state: Mutex::new(SourceState {
                 source,
                 record: Record::new(limits.clone()),
@@ -420,7 +420,7 @@ impl<B> ReplayBody<B> {
     }
 }
 
-impl<B> Inner<B> {
+impl<B> Recording<B> {
     fn lock(&self) -> MutexGuard<'_, SourceState<B>> {
         // A poisoned lock means the source panicked while being polled; the state is only
         // changed after a poll returns, so it is still consistent.

@@ -8,7 +8,8 @@ use std::task::{Context, Poll};
 
 use super::buffer::Overflow;
 use super::{
-    After, BoxError, Commit, Cursor, End, Polled, Reason, SourceState, SourceWaker, bounded_message,
+    After, BoxError, Commit, Cursor, Polled, Reason, SourceEnd, SourceState, SourceWaker,
+    bounded_message,
 };
 
 impl<B> SourceState<B>
@@ -50,15 +51,15 @@ where
 
         // At the front: the source has ended, or this reader polls it.
         match &self.end {
-            Some(End::Eos) => {
+            Some(SourceEnd::Eos) => {
                 cursor.done = true;
                 return Poll::Ready(None);
             }
-            Some(End::Trailers(trailers)) => {
+            Some(SourceEnd::Trailers(trailers)) => {
                 cursor.done = true;
                 return Poll::Ready(Some(Ok(Frame::trailers(trailers.clone()))));
             }
-            Some(End::Failed) => {
+            Some(SourceEnd::Failed) => {
                 // Only the reader that hit the error could be here, and it is done.
                 cursor.done = true;
                 return Poll::Ready(None);
@@ -83,7 +84,7 @@ where
             };
             // Some bodies panic when polled after their end; never poll one that says so.
             if source.get().is_end_stream() {
-                return self.finish(End::Eos, cursor, after, Poll::Ready(None));
+                return self.finish(SourceEnd::Eos, cursor, after, Poll::Ready(None));
             }
             let source_waker = waiters.get();
             // Until a source waker exists no reader waits: this one's waker is the only one.
@@ -100,7 +101,7 @@ where
                 },
                 Poll::Pending => return wait(waiters, seen, cursor, cx),
                 Poll::Ready(None) => {
-                    return self.finish(End::Eos, cursor, after, Poll::Ready(None));
+                    return self.finish(SourceEnd::Eos, cursor, after, Poll::Ready(None));
                 }
                 Poll::Ready(Some(Err(error))) => return self.fail(error.into(), cursor, after),
             }
@@ -162,9 +163,9 @@ where
     ) -> Option<Polled> {
         let trailers = frame.into_trailers().ok()?;
         let end = if self.commit.is_none() {
-            End::Trailers(trailers.clone())
+            SourceEnd::Trailers(trailers.clone())
         } else {
-            End::Eos
+            SourceEnd::Eos
         };
         let polled = Poll::Ready(Some(Ok(Frame::trailers(trailers))));
         Some(self.finish(end, cursor, after, polled))
@@ -182,13 +183,18 @@ where
             after.commit_waker = self.commit_waker.take();
         }
         self.record.free_all();
-        self.finish(End::Failed, cursor, after, Poll::Ready(Some(Err(error))))
+        self.finish(
+            SourceEnd::Failed,
+            cursor,
+            after,
+            Poll::Ready(Some(Err(error))),
+        )
     }
 
     /// Records how the source ended; `polled` is `cursor`'s last frame.
     fn finish(
         &mut self,
-        end: End,
+        end: SourceEnd,
         cursor: &mut Cursor,
         after: &mut After<'_, B>,
         polled: Polled,
@@ -258,8 +264,8 @@ impl<B: Body> SourceState<B> {
             return false;
         }
         match (&self.end, &self.source) {
-            (Some(End::Eos), _) => true,
-            (Some(End::Trailers(_) | End::Failed), _) => false,
+            (Some(SourceEnd::Eos), _) => true,
+            (Some(SourceEnd::Trailers(_) | SourceEnd::Failed), _) => false,
             (None, Some(source)) => source.get().is_end_stream(),
             (None, None) => true,
         }

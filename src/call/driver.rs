@@ -231,15 +231,15 @@ where
                 return Poll::Ready(result);
             }
             match act(&mut this, &mut inputs, cx) {
-                Some(Step::Done(result)) => return Poll::Ready(result),
-                Some(Step::Again) => continue,
+                Some(Progress::Done(result)) => return Poll::Ready(result),
+                Some(Progress::Again) => continue,
                 None => return Poll::Pending,
             }
         }
     }
 }
 
-enum Step<T> {
+enum Progress<T> {
     /// Something changed (an attempt was sent or the timer fired): look again.
     Again,
     Done(T),
@@ -303,7 +303,7 @@ fn act<S, B, RB>(
     this: &mut Proj<'_, S, B>,
     inputs: &mut Inputs<'_>,
     cx: &mut Context<'_>,
-) -> Option<Step<Output<RB>>>
+) -> Option<Progress<Output<RB>>>
 where
     S: Service<Request<B>, Response = Response<RB>> + Clone,
     S::Error: Into<BoxError>,
@@ -312,9 +312,9 @@ where
     loop {
         match this.state.engine.poll(inputs) {
             Action::Send(send) => match send_attempt(this, send, inputs, cx) {
-                Sent::Yes | Sent::No => return Some(Step::Again),
+                Sent::Yes | Sent::No => return Some(Progress::Again),
                 Sent::NotReady => return None,
-                Sent::Failed(result) => return Some(Step::Done(*result)),
+                Sent::Failed(result) => return Some(Progress::Done(*result)),
             },
             Action::Cancel => {
                 let state = &mut **this.state;
@@ -341,7 +341,7 @@ where
                 let error = attempt_timed_out(this.state.engine.grpc());
                 LaterAttempts::of(&mut this.state.later).last = Some(Err(error));
             }
-            Action::End(end) => return Some(Step::Done(end_call(this, end))),
+            Action::End(end) => return Some(Progress::Done(end_call(this, end))),
             Action::Wait(at) => {
                 if !arm(&mut this.state.timer, at, cx) {
                     return None;

@@ -277,7 +277,7 @@ pub(crate) use duration::parse_duration;
 pub(crate) use error::quote as quote_json;
 pub use error::{ConfigError, Rule};
 pub(crate) use model::{
-    HedgingPolicyConfig, MethodConfig, MethodName, MethodPolicy, RetryPolicyConfig, RetryThrottling,
+    ConfigPolicy, HedgingPolicyConfig, MethodConfig, MethodName, RetryPolicyConfig, RetryThrottling,
 };
 pub use policies::PolicyOptions;
 pub use service_config::ServiceConfig;

@@ -101,7 +101,7 @@ impl HedgingPolicyConfig {
 
 /// The policy of a method config: retries or hedging, never both.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) enum MethodPolicy {
+pub(crate) enum ConfigPolicy {
     /// A `retryPolicy`.
     Retry(RetryPolicyConfig),
     /// A `hedgingPolicy`.
@@ -112,7 +112,7 @@ pub(crate) enum MethodPolicy {
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct MethodConfig {
     pub(super) names: Vec<MethodName>,
-    pub(super) policy: Option<MethodPolicy>,
+    pub(super) policy: Option<ConfigPolicy>,
     pub(super) timeout: Option<Duration>,
     pub(super) wait_for_ready: Option<bool>,
     pub(super) max_request_message_bytes: Option<u64>,
@@ -126,7 +126,7 @@ impl MethodConfig {
     }
 
     /// The retry or hedging policy, if any.
-    pub(crate) fn policy(&self) -> Option<&MethodPolicy> {
+    pub(crate) fn policy(&self) -> Option<&ConfigPolicy> {
         self.policy.as_ref()
     }
 
@@ -134,7 +134,7 @@ impl MethodConfig {
     #[cfg(test)]
     pub(crate) fn retry_policy(&self) -> Option<&RetryPolicyConfig> {
         match &self.policy {
-            Some(MethodPolicy::Retry(retry)) => Some(retry),
+            Some(ConfigPolicy::Retry(retry)) => Some(retry),
             _ => None,
         }
     }
@@ -143,7 +143,7 @@ impl MethodConfig {
     #[cfg(test)]
     pub(crate) fn hedging_policy(&self) -> Option<&HedgingPolicyConfig> {
         match &self.policy {
-            Some(MethodPolicy::Hedging(hedging)) => Some(hedging),
+            Some(ConfigPolicy::Hedging(hedging)) => Some(hedging),
             _ => None,
         }
     }

@@ -8,9 +8,9 @@ use serde_json::{Map, Number, Value};
 use super::index::Slot;
 use super::unknown::{UnknownKeys, fields, near_miss};
 use super::{
-    ConfigError, DurationError, HedgingPolicyConfig, MAX_METHOD_CONFIGS, MAX_NAMES,
-    MAX_STATUS_CODES, MethodConfig, MethodName, MethodPolicy, RetryPolicyConfig, RetryThrottling,
-    Rule, ServiceConfig, parse_duration,
+    ConfigError, ConfigPolicy, DurationError, HedgingPolicyConfig, MAX_METHOD_CONFIGS, MAX_NAMES,
+    MAX_STATUS_CODES, MethodConfig, MethodName, RetryPolicyConfig, RetryThrottling, Rule,
+    ServiceConfig, parse_duration,
 };
 use crate::classify::{Code, GrpcCodes};
 
@@ -353,12 +353,12 @@ fn parse_method_config(
 
     let policy = match (field(object, "retryPolicy"), field(object, "hedgingPolicy")) {
         (Some(_), Some(_)) => return Err(ConfigError::new(path, Rule::BothPolicies)),
-        (Some(retry), None) => Some(MethodPolicy::Retry(parse_retry_policy(
+        (Some(retry), None) => Some(ConfigPolicy::Retry(parse_retry_policy(
             retry,
             &child(path, "retryPolicy"),
             unknown,
         )?)),
-        (None, Some(hedging)) => Some(MethodPolicy::Hedging(parse_hedging_policy(
+        (None, Some(hedging)) => Some(ConfigPolicy::Hedging(parse_hedging_policy(
             hedging,
             &child(path, "hedgingPolicy"),
             unknown,

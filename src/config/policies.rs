@@ -1,6 +1,6 @@
 //! Service config → the policy table and throttle of the layers.
 
-use super::{MethodConfig, MethodPolicy as ConfigPolicy, ServiceConfig};
+use super::{ConfigPolicy, MethodConfig, ServiceConfig};
 use crate::backoff::{Exponential, Jitter};
 use crate::classify::GrpcCodes;
 use crate::policy::{

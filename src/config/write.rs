@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use serde_json::{Map, Number, Value};
 
-use super::{MethodConfig, MethodPolicy, ServiceConfig, format_duration};
+use super::{ConfigPolicy, MethodConfig, ServiceConfig, format_duration};
 use crate::classify::GrpcCodes;
 
 /// A whole service config as service-config JSON, which parses back to an equal value.
@@ -63,7 +63,7 @@ fn method_config_value(config: &MethodConfig) -> Value {
         .collect();
     object.insert("name".to_owned(), Value::Array(names));
     match &config.policy {
-        Some(MethodPolicy::Retry(retry)) => {
+        Some(ConfigPolicy::Retry(retry)) => {
             let mut policy = Map::new();
             policy.insert("maxAttempts".to_owned(), retry.max_attempts.into());
             policy.insert(
@@ -81,7 +81,7 @@ fn method_config_value(config: &MethodConfig) -> Value {
             );
             object.insert("retryPolicy".to_owned(), Value::Object(policy));
         }
-        Some(MethodPolicy::Hedging(hedging)) => {
+        Some(ConfigPolicy::Hedging(hedging)) => {
             let mut policy = Map::new();
             policy.insert("maxAttempts".to_owned(), hedging.max_attempts.into());
             policy.insert(

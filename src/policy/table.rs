@@ -109,7 +109,7 @@ pub(crate) struct Matched<'a> {
     pub(crate) route: Option<usize>,
 }
 
-struct Table {
+struct RouteTable {
     methods: Names,
     services: Names,
     routes: Vec<(Route, MethodPolicy)>,
@@ -129,7 +129,7 @@ struct Table {
 /// [`HedgeLayer`](crate::HedgeLayer). Cheap to clone: clones share the table, the throttle,
 /// the buffer budget and the statistics.
 #[derive(Clone)]
-pub struct Policies(Arc<Table>);
+pub struct Policies(Arc<RouteTable>);
 
 impl fmt::Debug for Policies {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -573,7 +573,7 @@ impl PoliciesBuilder {
         // lookup can take any hit as a match.
         self.methods
             .retain(|name, _| crate::grpc_path::split(&format!("/{name}")).is_some());
-        Policies(Arc::new(Table {
+        Policies(Arc::new(RouteTable {
             methods: self.methods,
             services: self.services,
             routes: self.routes,

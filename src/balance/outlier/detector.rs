@@ -155,7 +155,7 @@ impl fmt::Debug for Outliers {
 }
 
 /// A known backend.
-struct Record {
+struct KnownBackend {
     id: BackendId,
     key: Arc<str>,
     health: Arc<Health>,
@@ -171,7 +171,7 @@ const FAR: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 pub(crate) struct Detector {
     config: OutlierDetection,
     shared: Arc<HealthRules>,
-    records: Vec<Record>,
+    records: Vec<KnownBackend>,
     ejected: usize,
     /// When the interval algorithms run next; unset until the first poll.
     next_tick: Option<Instant>,
@@ -230,7 +230,7 @@ impl Detector {
             return Arc::clone(&record.health);
         }
         let health = Arc::new(Health::new(Arc::clone(&self.shared)));
-        self.records.push(Record {
+        self.records.push(KnownBackend {
             id,
             key: key().into(),
             health: Arc::clone(&health),

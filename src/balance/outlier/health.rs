@@ -111,14 +111,14 @@ pub(crate) const MAX_RUN_WEIGHED: u32 = 9;
 /// One backend's record, shared by the balancer and the attempts in flight on it.
 #[derive(Debug)]
 pub(crate) struct Health {
-    stats: Mutex<Stats>,
+    stats: Mutex<Tally>,
     /// Written by the balancer only; read by the picker.
     ejected: AtomicBool,
     shared: std::sync::Arc<HealthRules>,
 }
 
 #[derive(Debug, Default)]
-struct Stats {
+struct Tally {
     /// The answers of the current interval (A50's active bucket).
     successes: u64,
     failures: u64,
@@ -130,7 +130,7 @@ struct Stats {
     at: Option<Instant>,
 }
 
-impl Stats {
+impl Tally {
     /// How much of what was recorded by `at` is left at `now`.
     fn fade(&self, now: Instant, half_life_secs: f64) -> f64 {
         match self.at {
@@ -169,13 +169,13 @@ impl IntervalCounts {
 impl Health {
     pub(crate) fn new(shared: std::sync::Arc<HealthRules>) -> Health {
         Health {
-            stats: Mutex::new(Stats::default()),
+            stats: Mutex::new(Tally::default()),
             ejected: AtomicBool::new(false),
             shared,
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Stats> {
+    fn lock(&self) -> MutexGuard<'_, Tally> {
         self.stats.lock().unwrap_or_else(PoisonError::into_inner)
     }
 

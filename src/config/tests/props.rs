@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use crate::classify::{Code, GrpcCodes};
-use crate::config::{MethodPolicy, ServiceConfig, format_duration, parse_duration};
+use crate::config::{ConfigPolicy, ServiceConfig, format_duration, parse_duration};
 use proptest::prelude::*;
 use serde_json::{Value, json};
 
@@ -235,7 +235,7 @@ fn check_model(
         match (got.policy(), &want.policy) {
             (None, None) => {}
             (
-                Some(MethodPolicy::Retry(r)),
+                Some(ConfigPolicy::Retry(r)),
                 Some(GenPolicy::Retry {
                     max_attempts,
                     initial,
@@ -254,7 +254,7 @@ fn check_model(
                 );
             }
             (
-                Some(MethodPolicy::Hedging(h)),
+                Some(ConfigPolicy::Hedging(h)),
                 Some(GenPolicy::Hedging {
                     max_attempts,
                     delay,
