@@ -89,6 +89,7 @@
 //! | `balance` | no | [`balance::Balance`]: a balancer over a `tower::discover::Discover` that sends each attempt of a call to a backend the call has not tried |
 //! | `tonic-transport` | no | [`balance::BalancedChannel`]: that balancer over tonic `Endpoint`s, in place of `Channel::balance_list` (pulls tonic's client transport) |
 //! | `retry-info` | no | `GrpcCodes::with_retry_info`: `google.rpc.RetryInfo` in `grpc-status-details-bin` (Google APIs) read as pushback, through tonic-types |
+//! | `grpc` | no | [`grpc_channel::RetryInterceptor`]: A6 for the official gRPC crate (`grpc` 0.9.0, pinned; a preview), as an interceptor on its `Channel` |
 //! | `opentelemetry` | no | [`PoliciesBuilder::metrics`](policy::PoliciesBuilder::metrics): gRFC A96's retry metrics (`grpc.client.call.retries`, `…transparent_retries`, `…hedges`, `…retry_delay`), with gRFC A108's optional `grpc.client.call.custom` label, on an OpenTelemetry `Meter`, through the `opentelemetry` API crate ([`telemetry`]) |
 //!
 //! # Jitter: which gRPC?
@@ -126,6 +127,9 @@ pub mod classify;
 pub mod config;
 mod engine;
 pub mod error;
+#[cfg(feature = "grpc")]
+#[cfg_attr(docsrs, doc(cfg(feature = "grpc")))]
+pub mod grpc_channel;
 mod grpc_path;
 pub mod grpc_timeout;
 pub mod guide;

@@ -16,9 +16,7 @@ use tower_service::Service;
 pub use self::future::ResponseFuture;
 pub(crate) use self::handles::Handles;
 use crate::body::{BufferLimits, Copies, Replay};
-use crate::engine::{
-    self, BodyKind, CallFacts, CommitBody, Dispatch, Engine, Mode, Plan, Start, TableFacts,
-};
+use crate::engine::{self, BodyKind, CallFacts, CommitBody, Dispatch, Engine, Mode, Plan, Start};
 use crate::grpc_timeout;
 use crate::metadata::{AttemptInfo, Deadline, GRPC_PREVIOUS_RPC_ATTEMPTS_NAME, TriedBackends};
 use crate::policy::Policies;
@@ -78,13 +76,7 @@ where
         return ResponseFuture::passthrough(inner.call(request));
     }
     let matched = policies.matched(request.method(), request.uri().path());
-    let table = TableFacts {
-        max_attempts_cap: policies.max_attempts_cap(),
-        max_pushback: policies.max_pushback(),
-        transparent_retries: policies.transparent_retries(),
-        has_throttle: policies.has_throttle(),
-        track_backends: policies.track_backends(),
-    };
+    let table = policies.table_facts();
     if engine::nothing_applies(matched.map(|m| m.policy), &table) {
         // Decided before the request's headers are read.
         return ResponseFuture::passthrough(inner.call(request));

@@ -1,0 +1,512 @@
+//! The task of one call through [`RetryInterceptor`](super::RetryInterceptor): it starts the
+//! attempts the engine asks for on the channel, tells the engine how each answered (its
+//! response headers, or its status), and hands the application the attempt the call commits
+//! to. IO only: every decision is the engine's, as in the tower layers' driver.
+
+use std::future::{Future, poll_fn};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use ::grpc::client::{
+    CallOptions, Invoke, RecvStream, ResponseStreamItem, SendOptions, SendStream,
+};
+use ::grpc::core::{RecvMessage, RequestHeaders, SendMessage, Trailers};
+use ::grpc::metadata::MetadataValue;
+use ::grpc::{StatusCodeError, StatusError};
+use bytes::{Buf, Bytes};
+use http::{HeaderMap, HeaderValue, StatusCode};
+use http_body_util::BodyExt;
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio::time::Sleep;
+use tracing::Instrument;
+
+use super::message::{Messages, Unframe};
+use crate::body::ReplayBody;
+use crate::classify::AttemptResult;
+use crate::engine::{
+    Action, Admission, AttemptId, CommitBody, Dispatch, End, Engine, Inputs, Mode, Verdict,
+};
+use crate::policy::Policies;
+
+/// The engine's start of a call, and the route its method took.
+pub(super) struct Start {
+    pub(super) start: crate::engine::Start,
+    pub(super) route: Option<usize>,
+}
+
+/// How a call went, for its receive stream: the first item of the attempt the call is
+/// committed to, the rest of that attempt's stream, and its task that sends the application's
+/// messages; or only trailers, for a call that ended with no attempt to read from (its
+/// deadline passed, or its last attempt timed out).
+pub(super) struct Answer<R> {
+    pub(super) first: ResponseStreamItem,
+    pub(super) recv: Option<R>,
+    pub(super) sender: Option<JoinHandle<()>>,
+}
+
+impl<R> Answer<R> {
+    /// An answer made by the interceptor, with nothing more to read.
+    fn ended(trailers: Trailers) -> Answer<R> {
+        Answer {
+            first: ResponseStreamItem::Trailers(trailers),
+            recv: None,
+            sender: None,
+        }
+    }
+}
+
+/// A status in trailers, made by the interceptor itself.
+pub(super) fn status(code: StatusCodeError, message: &str) -> Trailers {
+    Trailers::new(Err(StatusError::new(code, message)))
+}
+
+/// A message as the channel takes it: bytes already encoded.
+struct Encoded(Bytes);
+
+impl SendMessage for Encoded {
+    fn encode(&self) -> Result<Box<dyn Buf + Send + Sync>, String> {
+        Ok(Box::new(self.0.clone()))
+    }
+}
+
+/// Where the first item of an attempt goes: it is headers or trailers, which carry no
+/// message; a message before them would break gRPC's order, and is dropped.
+struct NoMessage;
+
+impl RecvMessage for NoMessage {
+    fn decode(&mut self, _: &mut dyn Buf) -> Result<(), String> {
+        Err("a message before the response headers".to_owned())
+    }
+}
+
+/// An attempt in flight: its future ends with its first item. Dropping it cancels the RPC
+/// (its receive stream) and its sender task.
+struct Attempt<R> {
+    id: AttemptId,
+    sent_at: tokio::time::Instant,
+    future: Pin<Box<dyn Future<Output = Answer<R>> + Send>>,
+}
+
+/// The body's side of a commit: the template every attempt's reader is cloned from.
+struct Recorded(ReplayBody<Messages>);
+
+impl CommitBody for Recorded {
+    fn commit(&self, reader: u64) -> u64 {
+        if self.0.commit_to(reader) {
+            reader
+        } else {
+            self.0.committed_reader().unwrap_or(reader)
+        }
+    }
+}
+
+/// One call the interceptor drives.
+pub(super) struct GrpcCall<I: Invoke> {
+    invoker: I,
+    headers: RequestHeaders,
+    options: CallOptions,
+    body: Recorded,
+    engine: Engine,
+    policies: Policies,
+    route: Option<usize>,
+    attempts: Vec<Attempt<I::RecvStream>>,
+    /// The failure kept as the call's last (see [`Verdict::Keep`]).
+    last: Option<(AttemptId, Answer<I::RecvStream>)>,
+    timer: Pin<Box<Sleep>>,
+    /// The body's commit was told to the engine.
+    commit_seen: bool,
+    /// The method's policy hedges.
+    hedged: bool,
+}
+
+impl<I> GrpcCall<I>
+where
+    I: Invoke + Clone + Send + 'static,
+    I::SendStream: Send,
+    I::RecvStream: Send,
+{
+    pub(super) fn new(
+        invoker: I,
+        headers: RequestHeaders,
+        options: CallOptions,
+        body: ReplayBody<Messages>,
+        start: Start,
+        policies: Policies,
+    ) -> GrpcCall<I> {
+        let first_reader = body.clone();
+        let Start { start, route } = start;
+        let hedged = matches!(start.rules.mode, Mode::Hedge(..));
+        let engine = Engine::new(
+            start.rules,
+            start.deadline,
+            crate::engine::BodyKind::Recorded,
+            first_reader.reader_id(),
+        );
+        let mut call = GrpcCall {
+            invoker,
+            headers,
+            options,
+            body: Recorded(body),
+            engine,
+            policies,
+            route,
+            attempts: Vec::new(),
+            last: None,
+            timer: Box::pin(tokio::time::sleep(Duration::ZERO)),
+            commit_seen: false,
+            hedged,
+        };
+        // Futures are lazy: the first attempt goes when the call's task first polls it.
+        call.start_attempt(AttemptId::FIRST, first_reader);
+        call
+    }
+
+    /// Runs the call to its decision, which goes to `decided`; ends early when the
+    /// application drops its receive stream.
+    pub(super) async fn run(mut self, mut decided: oneshot::Sender<Answer<I::RecvStream>>) {
+        // Named for what the call does, as the layers name theirs.
+        let span = if self.hedged {
+            tracing::debug_span!("hedge", path = %self.headers.method_name())
+        } else {
+            tracing::debug_span!("retry", path = %self.headers.method_name())
+        };
+        async move {
+            let mut rng = SmallRng::from_rng(&mut rand::rng());
+            let read = || tokio::time::Instant::now().into_std();
+            let decision = loop {
+                let wake_at = match self.advance(&read, &mut rng) {
+                    Ok(decision) => break decision,
+                    Err(wake_at) => wake_at,
+                };
+                if let Some(at) = wake_at {
+                    self.timer
+                        .as_mut()
+                        .reset(tokio::time::Instant::from_std(at));
+                }
+                let event =
+                    poll_fn(|cx| self.poll_event(cx, wake_at.is_some(), &mut decided)).await;
+                let mut inputs = Inputs::new(&read, &mut rng);
+                match event {
+                    Event::Abandoned => return,
+                    Event::Timer => self.engine.on_timer(&mut inputs),
+                    Event::Committed(reader) => self.engine.on_commit(reader),
+                    Event::Answered(index, answer) => {
+                        // Its future is done: only its identity is left.
+                        let Attempt { id, sent_at, .. } = self.attempts.swap_remove(index);
+                        if let Some(decision) = self.on_answer(id, sent_at, answer, &mut inputs) {
+                            break decision;
+                        }
+                    }
+                }
+            };
+            self.record_metrics();
+            let _ = decided.send(decision);
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Carries out what the engine asks until it waits: `Ok` with the call's decision when it
+    /// ends, `Err` with when to wake it otherwise.
+    fn advance(
+        &mut self,
+        read: &dyn Fn() -> std::time::Instant,
+        rng: &mut SmallRng,
+    ) -> Result<Answer<I::RecvStream>, Option<std::time::Instant>> {
+        let mut inputs = Inputs::new(read, rng);
+        loop {
+            match self.engine.poll(&mut inputs) {
+                Action::Send(send) => self.send(send, &mut inputs),
+                Action::Cancel => {
+                    let engine = &self.engine;
+                    self.attempts.retain(|attempt| engine.is_live(attempt.id));
+                }
+                Action::TimedOut(id) => {
+                    self.attempts.retain(|attempt| attempt.id != id);
+                    let trailers = status(StatusCodeError::DeadlineExceeded, "attempt timed out");
+                    self.last = Some((id, Answer::ended(trailers)));
+                }
+                Action::End(End::Last(id)) => {
+                    return Ok(match self.last.take() {
+                        Some((kept, answered)) if kept == id => self.answer(id, answered),
+                        _ => Answer::ended(status(
+                            StatusCodeError::Unavailable,
+                            "the call ended with no answer kept",
+                        )),
+                    });
+                }
+                Action::End(End::DeadlineExceeded) => {
+                    let attempts = self.engine.attempts().sent();
+                    let message = format!("deadline exceeded after {attempts} attempt(s)");
+                    return Ok(Answer::ended(status(
+                        StatusCodeError::DeadlineExceeded,
+                        &message,
+                    )));
+                }
+                Action::Wait(at) => return Err(at),
+            }
+        }
+    }
+
+    /// A send the engine asked for: the channel is always ready, so it goes at once if the
+    /// engine admits it.
+    fn send(&mut self, send: Dispatch, inputs: &mut Inputs<'_>) {
+        match self.engine.admit(send) {
+            Admission::Send => {}
+            Admission::Refused => return,
+            Admission::OverBudget => {
+                self.method_stats().record_hedge_over_budget();
+                return;
+            }
+        }
+        let reader = self.body.0.clone();
+        let id = self.engine.on_sent(send, reader.reader_id(), inputs);
+        if !send.transparent {
+            self.method_stats().record_retry(id.number - 1);
+        }
+        crate::telemetry::hedge_sent(id.send, send.hedge && !send.transparent);
+        self.start_attempt(id, reader);
+    }
+
+    /// Starts attempt `id` on the channel, with its own reader of the messages.
+    fn start_attempt(&mut self, id: AttemptId, reader: ReplayBody<Messages>) {
+        let mut headers = self.headers.clone();
+        let mut options = self.options.clone();
+        if id.number > 1 {
+            headers.metadata_mut().insert(
+                "grpc-previous-rpc-attempts",
+                MetadataValue::from(id.number - 1),
+            );
+        }
+        if let Some(deadline) = self.engine.deadline() {
+            options.set_deadline(deadline);
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now().into_std());
+            let timeout = crate::grpc_timeout::encode(left);
+            if let Ok(value) = MetadataValue::try_from(timeout.as_bytes()) {
+                headers.metadata_mut().insert("grpc-timeout", value);
+            }
+        }
+        tracing::debug!(attempt = id.send, previous = id.number - 1, "attempt sent");
+        let invoker = self.invoker.clone();
+        let future = async move {
+            let (send, mut recv) = invoker.invoke(headers, options).await;
+            let sender = tokio::spawn(send_messages(send, reader));
+            // Until the answer, the sender is this attempt's: dropping the attempt stops it.
+            let guard = AbortGuard(Some(sender));
+            let first = recv.recv(&mut NoMessage).await;
+            Answer {
+                first,
+                recv: Some(recv),
+                sender: Some(guard.release()),
+            }
+        };
+        self.attempts.push(Attempt {
+            id,
+            sent_at: tokio::time::Instant::now(),
+            future: Box::pin(future),
+        });
+    }
+
+    /// What wakes the call: an attempt's first item, the timer, the body's commit, or the
+    /// application gone.
+    fn poll_event(
+        &mut self,
+        cx: &mut Context<'_>,
+        timed: bool,
+        decided: &mut oneshot::Sender<Answer<I::RecvStream>>,
+    ) -> Poll<Event<I::RecvStream>> {
+        if decided.poll_closed(cx).is_ready() {
+            return Poll::Ready(Event::Abandoned);
+        }
+        for (index, attempt) in self.attempts.iter_mut().enumerate() {
+            if let Poll::Ready(answer) = attempt.future.as_mut().poll(cx) {
+                return Poll::Ready(Event::Answered(index, answer));
+            }
+        }
+        if !self.commit_seen
+            && let Poll::Ready(reader) = self.body.0.poll_committed(cx)
+        {
+            self.commit_seen = true;
+            return Poll::Ready(Event::Committed(reader));
+        }
+        if timed && self.timer.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Event::Timer);
+        }
+        Poll::Pending
+    }
+
+    /// Tells the engine how attempt `id` answered; gives the call's decision if this answer
+    /// ends it.
+    fn on_answer(
+        &mut self,
+        id: AttemptId,
+        sent_at: tokio::time::Instant,
+        answered: Answer<I::RecvStream>,
+        inputs: &mut Inputs<'_>,
+    ) -> Option<Answer<I::RecvStream>> {
+        let headers = answer_headers(&answered.first);
+        let view = AttemptResult::Response {
+            status: StatusCode::OK,
+            headers: &headers,
+        };
+        let outcome = self.engine.classifier().classify(view);
+        let verdict = self.engine.on_answer(id, outcome, view, &self.body, inputs);
+        let failures = self.engine.take_retry_failures();
+        if failures > 0 {
+            let stats = self.method_stats();
+            (0..failures).for_each(|_| stats.record_retry_failure());
+        }
+        match verdict {
+            Verdict::Return => {
+                if matches!(answered.first, ResponseStreamItem::Headers(_))
+                    && let Some(delay) = self.engine.adaptive_delay()
+                {
+                    delay.record(tokio::time::Instant::now().saturating_duration_since(sent_at));
+                }
+                Some(self.answer(id, answered))
+            }
+            Verdict::Keep => {
+                self.last = Some((id, answered));
+                None
+            }
+            Verdict::Drop => None,
+        }
+    }
+
+    /// The decision that hands attempt `id`'s answer to the application, marked with the
+    /// attempts before it when the call made more than one.
+    fn answer(
+        &mut self,
+        id: AttemptId,
+        mut answered: Answer<I::RecvStream>,
+    ) -> Answer<I::RecvStream> {
+        self.attempts.clear();
+        if let Some(marks) = self.engine.marks(Some(id)) {
+            let value = MetadataValue::from(marks.previous);
+            match &mut answered.first {
+                ResponseStreamItem::Headers(headers) => {
+                    headers
+                        .metadata_mut()
+                        .insert("grpc-previous-rpc-attempts", value);
+                }
+                ResponseStreamItem::Trailers(trailers) => {
+                    trailers
+                        .metadata_mut()
+                        .insert("grpc-previous-rpc-attempts", value);
+                }
+                ResponseStreamItem::Message | ResponseStreamItem::StreamClosed => {}
+            }
+        }
+        answered
+    }
+
+    /// The statistics of the call's route or method.
+    fn method_stats(&self) -> std::sync::Arc<crate::stats::MethodStats> {
+        let key = match self.route {
+            Some(route) => self.policies.route_name(route),
+            None => self.headers.method_name().as_str(),
+        };
+        self.policies.stats().method(key)
+    }
+
+    #[cfg(feature = "opentelemetry")]
+    fn record_metrics(&self) {
+        if let Some(counts) = self.engine.extra()
+            && let Some(metrics) = self.policies.metrics()
+        {
+            let route = self.route.map(|route| self.policies.route_name(route));
+            let labels =
+                crate::metrics::Labels::of(self.headers.method_name(), true, None, route, None);
+            metrics.record(&counts, &labels);
+        }
+    }
+
+    #[cfg(not(feature = "opentelemetry"))]
+    fn record_metrics(&self) {}
+}
+
+/// What woke a call.
+enum Event<R> {
+    /// The attempt at this index in the list answered; its future is done.
+    Answered(usize, Answer<R>),
+    Timer,
+    Committed(u64),
+    Abandoned,
+}
+
+/// The headers the engine classifies an attempt's first item by: none for response headers
+/// (a response has begun: the call commits to it), or the status of a Trailers-Only answer
+/// with the pushback that came with it.
+fn answer_headers(first: &ResponseStreamItem) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    let (code, metadata) = match first {
+        ResponseStreamItem::Headers(_) => return headers,
+        ResponseStreamItem::Trailers(trailers) => {
+            let code = match trailers.status() {
+                Ok(()) => 0,
+                Err(error) => error.code() as i32,
+            };
+            (code, Some(trailers.metadata()))
+        }
+        // Out of gRPC's order, or a stream that closed with no status: the call broke.
+        ResponseStreamItem::Message | ResponseStreamItem::StreamClosed => {
+            (StatusCodeError::Unavailable as i32, None)
+        }
+    };
+    headers.insert("grpc-status", HeaderValue::from(code));
+    // `grpc` 0.9 keeps binary metadata encoded out of reach, so `google.rpc.RetryInfo`
+    // (`grpc-status-details-bin`) is not read here; `grpc-retry-pushback-ms` is.
+    if let Some(value) = metadata
+        .and_then(|metadata| metadata.get("grpc-retry-pushback-ms"))
+        .and_then(|value| HeaderValue::from_bytes(value.as_bytes()).ok())
+    {
+        headers.insert("grpc-retry-pushback-ms", value);
+    }
+    headers
+}
+
+/// Sends the application's messages to one attempt, from its reader of the record: what was
+/// sent so far, then the rest as it comes. Ends the attempt's request stream (by dropping
+/// it) when the application ends its own.
+async fn send_messages<S: SendStream>(mut send: S, mut reader: ReplayBody<Messages>) {
+    let mut unframe = Unframe::default();
+    let mut messages = Vec::new();
+    while let Some(frame) = reader.frame().await {
+        // An error: the call committed to another attempt, which alone sends on.
+        let Ok(frame) = frame else { return };
+        let Ok(chunk) = frame.into_data() else {
+            continue;
+        };
+        unframe.push(chunk, &mut messages);
+        for message in messages.drain(..) {
+            if send
+                .send(&Encoded(message), SendOptions::default())
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+    }
+}
+
+/// Aborts a task when dropped, unless released.
+struct AbortGuard(Option<JoinHandle<()>>);
+
+impl AbortGuard {
+    fn release(mut self) -> JoinHandle<()> {
+        self.0.take().expect("released once")
+    }
+}
+
+impl Drop for AbortGuard {
+    fn drop(&mut self) {
+        if let Some(task) = self.0.take() {
+            task.abort();
+        }
+    }
+}

@@ -1,0 +1,373 @@
+//! gRFC A6 for the official gRPC crate: [`RetryInterceptor`] runs the crate's engine behind
+//! the interceptor API of [`grpc`](::grpc) 0.9 (feature `grpc`), so a `grpc::client::Channel`
+//! gets retries, hedging and the throttle from the same [`Policies`] the tower layers take.
+//!
+//! `grpc` is not a tower `Service`: a call is started with `Invoke::invoke` and gives a send
+//! stream and a receive stream of messages. The interceptor starts each attempt on the
+//! channel it wraps, as often as the method's policy says:
+//!
+//! - **Replay per message**, as A6 describes it. The messages the application sends are kept
+//!   (encoded, as `Bytes`: no copy) within the table's [`BufferLimits`]; each new attempt is
+//!   sent every message so far, byte for byte, then the rest as they come. A message that
+//!   would take the call past a limit commits it to the attempt that sends it: the others
+//!   are cancelled and no new attempt starts.
+//! - **Commit on response headers**: the first attempt to answer with headers (or a status
+//!   the policy does not retry) is the call's; the application reads it straight from that
+//!   attempt's stream, and every other attempt is cancelled.
+//! - **The rules of the tower layers**, decided by the same engine: backoff with jitter,
+//!   retryable codes, hedging delays and `nonFatalStatusCodes`, the throttle of
+//!   [`Policies`] (the table's shared one), pushback, `maxAttempts`, the method's `timeout`
+//!   and the call's deadline (`CallOptions::deadline`, read on tokio's clock), per-attempt
+//!   timeouts, `grpc-previous-rpc-attempts` on every attempt after the first, statistics
+//!   ([`Policies::stats`]) and A96 metrics.
+//! - **Each attempt is told the time left**: its `CallOptions` carry the call's deadline and
+//!   its metadata a `grpc-timeout` of what is left (`grpc` 0.9 sends none of its own).
+//! - **The answer says what happened**: when the call made more than one attempt, the
+//!   headers (or the trailers of a Trailers-Only answer) the application reads carry
+//!   `grpc-previous-rpc-attempts`, the number of attempts before the one answering.
+//! - **Dropping the receive stream cancels the call**: its timers and every attempt in
+//!   flight.
+//!
+//! What `grpc` 0.9 cannot tell yet, and so this interceptor cannot do:
+//!
+//! - **Transparent retries and wait-for-ready.** Every failure comes to an interceptor as a
+//!   status in trailers, with nothing that tells an attempt that never left the client from
+//!   one the server answered; so each failure counts as an attempt, by the method's policy.
+//! - **Pushback and `google.rpc.RetryInfo` from a real server.** `grpc` 0.9 drops the
+//!   metadata of error trailers on its tonic transport, so `grpc-retry-pushback-ms` never
+//!   reaches the interceptor. The interceptor reads it where it arrives (a transport that
+//!   keeps it, or an interceptor below), and its rules are those of the layers.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//!
+//! use grpc::client::interceptor::InvokeExt as _;
+//! use grpc::client::{Channel, ChannelOptions};
+//! use grpc::credentials::LocalChannelCredentials;
+//! use tower_retry_hedge::config::ServiceConfig;
+//! use tower_retry_hedge::grpc_channel::RetryInterceptor;
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let config: ServiceConfig = r#"{
+//!   "methodConfig": [{
+//!     "name": [{"service": "echo.Echo"}],
+//!     "retryPolicy": {
+//!       "maxAttempts": 3, "initialBackoff": "0.1s", "maxBackoff": "1s",
+//!       "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]
+//!     }
+//!   }]
+//! }"#
+//! .parse()?;
+//! let channel = Channel::new(
+//!     "dns:///127.0.0.1:50051",
+//!     Arc::new(LocalChannelCredentials::new()),
+//!     ChannelOptions::default(),
+//! );
+//! // Any `grpc` client built on this invoker gets A6, unchanged.
+//! let client = channel.with_interceptor(RetryInterceptor::new(config.policies()));
+//! # let _ = client;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! [`BufferLimits`]: crate::body::BufferLimits
+
+mod driver;
+mod message;
+
+use std::fmt;
+
+use ::grpc::client::interceptor::Intercept;
+use ::grpc::client::{
+    CallOptions, Invoke, RecvStream, ResponseStreamItem, SendOptions, SendStream,
+};
+use ::grpc::core::{RecvMessage, RequestHeaders, SendMessage};
+use http::{HeaderMap, Method};
+use tokio::sync::{mpsc, oneshot};
+
+use self::driver::{Answer, GrpcCall};
+use self::message::{Messages, frame};
+use crate::body::ReplayBody;
+use crate::engine::{self, CallFacts, Plan};
+use crate::policy::Policies;
+
+/// How many encoded messages wait between the application's sends and the attempts: a send
+/// returns once its message is queued, and waits while this many are.
+const QUEUED_MESSAGES: usize = 4;
+
+/// gRFC A6 on a `grpc` channel: an interceptor that drives every call by its method's policy
+/// in a [`Policies`] table (built in code, or from service config). See the
+/// [module docs](self) for what it does and what `grpc` 0.9 does not let it do.
+///
+/// ```
+/// use std::time::Duration;
+///
+/// use tower_retry_hedge::grpc_channel::RetryInterceptor;
+/// use tower_retry_hedge::{GrpcCodes, Policies, RetryPolicy};
+///
+/// let policies = Policies::builder()
+///     .service(
+///         "echo.Echo",
+///         RetryPolicy::builder()
+///             .max_attempts(4)
+///             .retry_on(GrpcCodes::UNAVAILABLE)
+///             .build()?,
+///     )
+///     .build();
+/// let interceptor = RetryInterceptor::new(policies);
+/// assert!(interceptor.policies().lookup(&http::Method::POST, "/echo.Echo/Say").is_some());
+/// # Ok::<(), tower_retry_hedge::BuildError>(())
+/// ```
+#[derive(Clone)]
+pub struct RetryInterceptor {
+    policies: Policies,
+}
+
+impl RetryInterceptor {
+    /// An interceptor that drives calls as `policies` says.
+    pub fn new(policies: Policies) -> RetryInterceptor {
+        RetryInterceptor { policies }
+    }
+
+    /// The table the interceptor drives calls by: its statistics and throttle state are
+    /// those of the calls made through it.
+    pub fn policies(&self) -> &Policies {
+        &self.policies
+    }
+}
+
+impl fmt::Debug for RetryInterceptor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RetryInterceptor")
+            .field("policies", &self.policies)
+            .finish()
+    }
+}
+
+impl<'a, I> Intercept<&'a I> for RetryInterceptor
+where
+    I: Invoke + Clone + Send + 'static,
+    I::SendStream: Send,
+    I::RecvStream: Send,
+{
+    type SendStream = RetrySend<I::SendStream>;
+    type RecvStream = RetryRecv<I::RecvStream>;
+
+    async fn intercept(
+        &self,
+        headers: RequestHeaders,
+        options: CallOptions,
+        next: &'a I,
+    ) -> (Self::SendStream, Self::RecvStream) {
+        let Some(start) = self.plan(&headers, &options) else {
+            let (send, recv) = next.invoke(headers, options).await;
+            return (
+                RetrySend(SendState::Direct(send)),
+                RetryRecv(RecvState::Direct(recv)),
+            );
+        };
+        let (sender, receiver) = mpsc::channel(QUEUED_MESSAGES);
+        let limits = self.policies.buffer_limits();
+        let body = match ReplayBody::try_new_unpin(Messages::new(receiver), limits) {
+            Ok(body) => body,
+            // Only a body whose size hint is over the limits is refused, and a message
+            // stream's hint is 0; were it refused, the call would still go, once.
+            Err(_) => {
+                let (send, recv) = next.invoke(headers, options).await;
+                return (
+                    RetrySend(SendState::Direct(send)),
+                    RetryRecv(RecvState::Direct(recv)),
+                );
+            }
+        };
+        let (decided, decision) = oneshot::channel();
+        let call = GrpcCall::new(
+            next.clone(),
+            headers,
+            options,
+            body,
+            start,
+            self.policies.clone(),
+        );
+        let task = tokio::spawn(call.run(decided));
+        (
+            RetrySend(SendState::Recorded(Some(sender))),
+            RetryRecv(RecvState::Waiting {
+                decision,
+                _task: AbortOnDrop(task),
+            }),
+        )
+    }
+}
+
+impl RetryInterceptor {
+    /// The engine's plan for a call: `None` when nothing of A6 applies and the call goes
+    /// straight to the channel.
+    fn plan(&self, headers: &RequestHeaders, options: &CallOptions) -> Option<driver::Start> {
+        let path = headers.method_name();
+        let matched = self.policies.matched(&Method::POST, path);
+        let table = self.policies.table_facts();
+        if engine::nothing_applies(matched.map(|m| m.policy), &table) {
+            return None;
+        }
+        // What the tower layers read from a request's headers (`grpc-timeout`,
+        // `Idempotency-Key`) a `grpc` call carries in its options, or does not have.
+        let none = HeaderMap::new();
+        let facts = CallFacts {
+            method: &Method::POST,
+            grpc: true,
+            headers: &none,
+            driven: false,
+            deadline: options.deadline(),
+        };
+        let read = || tokio::time::Instant::now().into_std();
+        let Plan::Drive(mut start) = engine::plan(matched.map(|m| m.policy), &table, &facts, &read)
+        else {
+            return None;
+        };
+        start.rules.throttle = self.policies.shared_throttle().cloned();
+        if start.has_policy
+            && let Some(throttle) = &start.rules.throttle
+        {
+            throttle.on_call();
+        }
+        Some(driver::Start {
+            start,
+            route: matched.and_then(|m| m.route),
+        })
+    }
+}
+
+/// The send stream of a call through [`RetryInterceptor`]: each message is encoded once and
+/// kept for the attempts (or, for a call nothing of A6 applies to, sent straight on).
+///
+/// Dropping it, or a send with `final_msg`, ends the request stream of every attempt.
+pub struct RetrySend<S>(SendState<S>);
+
+enum SendState<S> {
+    /// A call the interceptor does not drive.
+    Direct(S),
+    /// A driven call: messages go to its attempts; `None` once the stream has ended.
+    Recorded(Option<mpsc::Sender<bytes::Bytes>>),
+}
+
+impl<S: SendStream + Send> SendStream for RetrySend<S> {
+    async fn send(&mut self, msg: &dyn SendMessage, options: SendOptions) -> Result<(), ()> {
+        let sender = match &mut self.0 {
+            SendState::Direct(send) => return send.send(msg, options).await,
+            SendState::Recorded(sender) => sender,
+        };
+        let Some(queue) = sender.as_ref() else {
+            return Err(());
+        };
+        // An encoding error ends the request stream: no attempt could send the message.
+        let Ok(mut encoded) = msg.encode() else {
+            *sender = None;
+            return Err(());
+        };
+        let message = encoded.copy_to_bytes(encoded.remaining());
+        for chunk in frame(message) {
+            if queue.send(chunk).await.is_err() {
+                // The call is over: no attempt reads messages any more.
+                *sender = None;
+                return Err(());
+            }
+        }
+        if options.final_msg {
+            *sender = None;
+        }
+        Ok(())
+    }
+}
+
+impl<S> fmt::Debug for RetrySend<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let open = match &self.0 {
+            SendState::Direct(_) => None,
+            SendState::Recorded(sender) => Some(sender.is_some()),
+        };
+        f.debug_struct("RetrySend")
+            .field("driven", &open.is_some())
+            .field("open", &open.unwrap_or(true))
+            .finish()
+    }
+}
+
+/// The receive stream of a call through [`RetryInterceptor`]: the first `recv` waits for the
+/// attempt the call commits to (or for its end), then every item is that attempt's.
+///
+/// Dropping it cancels the call: its timers and every attempt in flight.
+pub struct RetryRecv<R>(RecvState<R>);
+
+enum RecvState<R> {
+    /// A call the interceptor does not drive.
+    Direct(R),
+    /// A driven call, before its first `recv` has the answer.
+    Waiting {
+        /// Where the call's task says how the call went.
+        decision: oneshot::Receiver<Answer<R>>,
+        /// The call's task, aborted with this stream.
+        _task: AbortOnDrop,
+    },
+    /// The attempt the call committed to.
+    Answered {
+        /// Its first item, not yet read.
+        first: Option<ResponseStreamItem>,
+        /// The rest of its items; `None` for an answer the interceptor made (the call's
+        /// deadline), which has no more.
+        recv: Option<R>,
+        /// Its task that sends the application's messages, aborted with this stream.
+        _sender: Option<AbortOnDrop>,
+    },
+}
+
+impl<R: RecvStream + Send> RecvStream for RetryRecv<R> {
+    async fn recv(&mut self, msg: &mut dyn RecvMessage) -> ResponseStreamItem {
+        loop {
+            let decision = match &mut self.0 {
+                RecvState::Direct(recv) => return recv.recv(msg).await,
+                RecvState::Answered { first, recv, .. } => match (first.take(), recv) {
+                    (Some(item), _) => return item,
+                    (None, Some(recv)) => return recv.recv(msg).await,
+                    (None, None) => return ResponseStreamItem::StreamClosed,
+                },
+                RecvState::Waiting { decision, .. } => decision.await,
+            };
+            let answer = decision.unwrap_or_else(|_| Answer {
+                // The call's task ended without a word: only a panic does that.
+                first: ResponseStreamItem::Trailers(driver::status(
+                    ::grpc::StatusCodeError::Internal,
+                    "the call's task ended without an answer",
+                )),
+                recv: None,
+                sender: None,
+            });
+            self.0 = RecvState::Answered {
+                first: Some(answer.first),
+                recv: answer.recv,
+                _sender: answer.sender.map(AbortOnDrop),
+            };
+        }
+    }
+}
+
+impl<R> fmt::Debug for RetryRecv<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.0 {
+            RecvState::Direct(_) => "direct",
+            RecvState::Waiting { .. } => "waiting",
+            RecvState::Answered { .. } => "answered",
+        };
+        f.debug_struct("RetryRecv").field("state", &state).finish()
+    }
+}
+
+/// A task that is aborted when this handle is dropped: a call's work never outlives it.
+#[derive(Debug)]
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}

@@ -1,0 +1,282 @@
+//! `RetryInterceptor` over a scripted `Invoke` on tokio's paused clock: the rules a real
+//! server cannot show through `grpc` 0.9's transport (pushback, whose trailers' metadata it
+//! drops; attempts dropped before their headers, which it cannot reset), and exact times.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use grpc::client::interceptor::InvokeExt as _;
+use grpc::client::{CallOptions, Invoke, RecvStream, ResponseStreamItem, SendOptions, SendStream};
+use grpc::core::{RecvMessage, RequestHeaders, ResponseHeaders, SendMessage, Trailers};
+use grpc::metadata::MetadataMap;
+use grpc::{StatusCodeError, StatusError};
+use tokio::time::Instant;
+use tower_retry_hedge::config::ServiceConfig;
+use tower_retry_hedge::grpc_channel::RetryInterceptor;
+
+use super::{Raw, read_all};
+
+const METHOD: &str = "/test.echo.Echo/Unary";
+
+/// How a scripted attempt answers.
+#[derive(Clone, Debug)]
+enum Answer {
+    /// A Trailers-Only failure, with a raw `grpc-retry-pushback-ms` if any.
+    Fail(StatusCodeError, Option<&'static str>),
+    /// Response headers, then OK.
+    Ok,
+    /// Nothing, ever.
+    Hang,
+}
+
+/// What the scripted channel saw.
+#[derive(Debug, Default)]
+struct Log {
+    /// When each attempt started, and its `grpc-previous-rpc-attempts`.
+    started: Vec<(Instant, Option<String>)>,
+    /// The attempts whose receive stream was dropped before it ended.
+    dropped: Vec<usize>,
+}
+
+/// An `Invoke` that answers attempt `n` as `answers[n]` says (past the end: OK).
+#[derive(Clone)]
+struct Scripted {
+    answers: Arc<Mutex<VecDeque<Answer>>>,
+    log: Arc<Mutex<Log>>,
+}
+
+impl Scripted {
+    fn new(answers: impl IntoIterator<Item = Answer>) -> Scripted {
+        Scripted {
+            answers: Arc::new(Mutex::new(answers.into_iter().collect())),
+            log: Arc::default(),
+        }
+    }
+
+    fn log(&self) -> std::sync::MutexGuard<'_, Log> {
+        self.log.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Invoke for Scripted {
+    type SendStream = Sink;
+    type RecvStream = Scripted1;
+
+    async fn invoke(&self, headers: RequestHeaders, _: CallOptions) -> (Sink, Scripted1) {
+        let previous = headers
+            .metadata()
+            .get("grpc-previous-rpc-attempts")
+            .map(|v| v.to_str().to_owned());
+        let index = {
+            let mut log = self.log();
+            log.started.push((Instant::now(), previous));
+            log.started.len() - 1
+        };
+        let answer = self
+            .answers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop_front()
+            .unwrap_or(Answer::Ok);
+        let recv = Scripted1 {
+            answer,
+            step: 0,
+            index,
+            log: Arc::clone(&self.log),
+        };
+        (Sink, recv)
+    }
+}
+
+/// A send stream that takes every message.
+struct Sink;
+
+impl SendStream for Sink {
+    async fn send(&mut self, _: &dyn SendMessage, _: SendOptions) -> Result<(), ()> {
+        Ok(())
+    }
+}
+
+/// One scripted attempt's receive stream.
+struct Scripted1 {
+    answer: Answer,
+    step: u8,
+    index: usize,
+    log: Arc<Mutex<Log>>,
+}
+
+impl RecvStream for Scripted1 {
+    async fn recv(&mut self, _: &mut dyn RecvMessage) -> ResponseStreamItem {
+        self.step += 1;
+        match (&self.answer, self.step) {
+            (Answer::Hang, _) => std::future::pending().await,
+            (Answer::Fail(code, pushback), 1) => {
+                let mut metadata = MetadataMap::new();
+                if let Some(pushback) = pushback {
+                    metadata.insert("grpc-retry-pushback-ms", pushback.parse().expect("ascii"));
+                }
+                ResponseStreamItem::Trailers(
+                    Trailers::new(Err(StatusError::new(*code, "scripted"))).with_metadata(metadata),
+                )
+            }
+            (Answer::Ok, 1) => ResponseStreamItem::Headers(ResponseHeaders::new()),
+            (Answer::Ok, 2) => ResponseStreamItem::Trailers(Trailers::new(Ok(()))),
+            _ => ResponseStreamItem::StreamClosed,
+        }
+    }
+}
+
+impl Drop for Scripted1 {
+    fn drop(&mut self) {
+        let ended = match self.answer {
+            Answer::Hang => false,
+            Answer::Fail(..) => self.step >= 1,
+            Answer::Ok => self.step >= 2,
+        };
+        if !ended {
+            self.log
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .dropped
+                .push(self.index);
+        }
+    }
+}
+
+fn retry(max_attempts: u32) -> RetryInterceptor {
+    let json = format!(
+        r#"{{"methodConfig": [{{
+            "name": [{{"service": "test.echo.Echo"}}],
+            "retryPolicy": {{
+              "maxAttempts": {max_attempts}, "initialBackoff": "0.001s", "maxBackoff": "0.001s",
+              "backoffMultiplier": 1, "retryableStatusCodes": ["UNAVAILABLE"]
+            }}
+        }}]}}"#
+    );
+    let config: ServiceConfig = json.parse().expect("valid service config");
+    RetryInterceptor::new(config.policies())
+}
+
+fn hedge(max_attempts: u32, delay: &str) -> RetryInterceptor {
+    let json = format!(
+        r#"{{"methodConfig": [{{
+            "name": [{{"service": "test.echo.Echo"}}],
+            "hedgingPolicy": {{
+              "maxAttempts": {max_attempts}, "hedgingDelay": "{delay}",
+              "nonFatalStatusCodes": ["UNAVAILABLE"]
+            }}
+        }}]}}"#
+    );
+    let config: ServiceConfig = json.parse().expect("valid service config");
+    RetryInterceptor::new(config.policies())
+}
+
+/// A unary call through `invoker`.
+async fn unary(invoker: &impl Invoke, options: CallOptions) -> super::Seen {
+    let headers = RequestHeaders::new().with_method_name(METHOD);
+    let (mut send, mut recv) = invoker.invoke(headers, options).await;
+    send.send(
+        &Raw(bytes::Bytes::from_static(b"m")),
+        SendOptions::new().with_final_msg(true),
+    )
+    .await
+    .expect("queued");
+    read_all(&mut recv).await
+}
+
+#[tokio::test(start_paused = true)]
+async fn pushback_sets_the_next_attempts_time_exactly() {
+    let channel = Scripted::new([Answer::Fail(StatusCodeError::Unavailable, Some("500"))]);
+    let invoker = channel.clone().with_interceptor(retry(3));
+    let start = Instant::now();
+
+    let seen = unary(&invoker, CallOptions::new()).await;
+
+    assert!(seen.status.is_ok(), "{seen:?}");
+    let log = channel.log();
+    let times: Vec<Duration> = log.started.iter().map(|(at, _)| *at - start).collect();
+    // Not the 1 ms backoff: the server's 500 ms.
+    assert_eq!(times, [Duration::ZERO, Duration::from_millis(500)]);
+    assert_eq!(log.started[1].1.as_deref(), Some("1"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_negative_or_garbled_pushback_stops_the_retries() {
+    for pushback in ["-1", "soon"] {
+        let channel = Scripted::new([Answer::Fail(StatusCodeError::Unavailable, Some(pushback))]);
+        let invoker = channel.clone().with_interceptor(retry(5));
+
+        let seen = unary(&invoker, CallOptions::new()).await;
+
+        assert_eq!(
+            seen.code(),
+            Some(StatusCodeError::Unavailable),
+            "{pushback}"
+        );
+        assert_eq!(channel.log().started.len(), 1, "{pushback}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hedge_that_wins_drops_the_other_attempts() {
+    let channel = Scripted::new([Answer::Hang, Answer::Ok, Answer::Hang]);
+    let invoker = channel.clone().with_interceptor(hedge(3, "0.01s"));
+    let start = Instant::now();
+
+    let seen = unary(&invoker, CallOptions::new()).await;
+
+    assert!(seen.status.is_ok(), "{seen:?}");
+    assert_eq!(seen.previous_attempts().as_deref(), Some("1"));
+    let log = channel.log();
+    let times: Vec<Duration> = log.started.iter().map(|(at, _)| *at - start).collect();
+    // The second attempt answered at once: no third was sent.
+    assert_eq!(times, [Duration::ZERO, Duration::from_millis(10)]);
+    assert_eq!(log.dropped, [0], "the first attempt was cancelled");
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropping_the_receive_stream_drops_every_attempt_and_sends_no_more() {
+    let channel = Scripted::new([Answer::Hang, Answer::Hang, Answer::Hang, Answer::Hang]);
+    let invoker = channel.clone().with_interceptor(hedge(4, "0.01s"));
+    let headers = RequestHeaders::new().with_method_name(METHOD);
+    let (_send, recv) = invoker.invoke(headers, CallOptions::new()).await;
+    tokio::time::sleep(Duration::from_millis(25)).await;
+    assert_eq!(channel.log().started.len(), 3);
+
+    drop(recv);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    let log = channel.log();
+    assert_eq!(log.started.len(), 3, "no hedge after the drop");
+    let mut dropped = log.dropped.clone();
+    dropped.sort_unstable();
+    assert_eq!(dropped, [0, 1, 2]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_deadline_ends_the_call_on_time_with_deadline_exceeded() {
+    let channel = Scripted::new([
+        Answer::Fail(StatusCodeError::Unavailable, None),
+        Answer::Hang,
+    ]);
+    let invoker = channel.clone().with_interceptor(retry(5));
+    let start = Instant::now();
+    let mut options = CallOptions::new();
+    options.set_deadline((start + Duration::from_millis(100)).into_std());
+
+    let seen = unary(&invoker, options).await;
+
+    assert_eq!(
+        seen.code(),
+        Some(StatusCodeError::DeadlineExceeded),
+        "{seen:?}"
+    );
+    assert_eq!(Instant::now() - start, Duration::from_millis(100));
+    assert_eq!(channel.log().started.len(), 2);
+    assert_eq!(
+        channel.log().dropped,
+        [1],
+        "the attempt in flight was cancelled"
+    );
+}
