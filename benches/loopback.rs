@@ -745,6 +745,156 @@ mod grpc {
         }
     }
 
+    /// The official gRPC crate's channel (`grpc` 0.9), with and without the interceptor.
+    #[cfg(feature = "grpc")]
+    mod grpc_crate {
+        use std::sync::Arc;
+
+        use ::grpc::client::interceptor::InvokeExt as _;
+        use ::grpc::client::{
+            CallOptions, Channel, ChannelOptions, Invoke, RecvStream, ResponseStreamItem,
+            SendOptions, SendStream,
+        };
+        use ::grpc::core::{RecvMessage, RequestHeaders, SendMessage};
+        use ::grpc::credentials::LocalChannelCredentials;
+        use bytes::Buf;
+        use prost::Message as _;
+        use tower_retry_hedge::HedgePolicy;
+        use tower_retry_hedge::grpc_channel::RetryInterceptor;
+
+        use super::*;
+
+        struct Raw(Bytes);
+
+        impl SendMessage for Raw {
+            fn encode(&self) -> Result<Box<dyn Buf + Send + Sync>, String> {
+                Ok(Box::new(self.0.clone()))
+            }
+        }
+
+        #[derive(Default)]
+        struct Reply(usize);
+
+        impl RecvMessage for Reply {
+            fn decode(&mut self, data: &mut dyn Buf) -> Result<(), String> {
+                let reply = EchoReply::decode(data).map_err(|e| e.to_string())?;
+                self.0 = reply.payload.len();
+                Ok(())
+            }
+        }
+
+        struct CrateCaller<I> {
+            invoker: Arc<I>,
+            request: Bytes,
+        }
+
+        impl<I> Clone for CrateCaller<I> {
+            fn clone(&self) -> Self {
+                CrateCaller {
+                    invoker: Arc::clone(&self.invoker),
+                    request: self.request.clone(),
+                }
+            }
+        }
+
+        impl<I: Invoke + Send + 'static> Caller for CrateCaller<I>
+        where
+            I::SendStream: Send,
+            I::RecvStream: Send,
+        {
+            async fn call_once(&mut self) {
+                let headers = RequestHeaders::new().with_method_name("/test.echo.Echo/Unary");
+                let (mut send, mut recv) = self.invoker.invoke(headers, CallOptions::new()).await;
+                let message = Raw(self.request.clone());
+                let _ = send
+                    .send(&message, SendOptions::new().with_final_msg(true))
+                    .await;
+                drop(send);
+                let mut reply = Reply::default();
+                loop {
+                    match recv.recv(&mut reply).await {
+                        ResponseStreamItem::Headers(_) | ResponseStreamItem::Message => {}
+                        ResponseStreamItem::Trailers(trailers) => {
+                            assert!(trailers.status().is_ok(), "{:?}", trailers.status());
+                            assert_eq!(reply.0, PAYLOAD.len());
+                            return;
+                        }
+                        ResponseStreamItem::StreamClosed => panic!("closed without a status"),
+                    }
+                }
+            }
+        }
+
+        fn channel(addr: SocketAddr) -> Channel {
+            Channel::new(
+                format!("dns:///{addr}"),
+                Arc::new(LocalChannelCredentials::new()),
+                ChannelOptions::default(),
+            )
+        }
+
+        /// A hedging policy whose delay (1 s) never passes here: the cost of being ready to
+        /// hedge.
+        fn hedge_policies() -> Policies {
+            let policy = HedgePolicy::builder()
+                .max_attempts(3)
+                .delay(Duration::from_secs(1))
+                .non_fatal(GrpcCodes::from([Code::Unavailable]))
+                .build()
+                .expect("valid hedging policy");
+            Policies::builder()
+                .service("test.echo.Echo", policy)
+                .build()
+        }
+
+        /// The pair's configurations, in table order (`bare` first).
+        const CONFIGURATIONS: [&str; 3] = ["bare", "ours_retry_policy", "ours_hedge_policy"];
+
+        async fn measure_crate(index: usize, addr: SocketAddr, requests: usize) -> Sample {
+            let request = Bytes::from(
+                EchoRequest {
+                    message: "hello".to_string(),
+                    payload: PAYLOAD.to_vec(),
+                    call: 0,
+                }
+                .encode_to_vec(),
+            );
+            let channel = channel(addr);
+            match CONFIGURATIONS[index] {
+                "bare" => {
+                    let invoker = Arc::new(channel);
+                    measure(CrateCaller { invoker, request }, requests).await
+                }
+                "ours_retry_policy" => {
+                    let invoker =
+                        Arc::new(channel.with_interceptor(RetryInterceptor::new(policies())));
+                    measure(CrateCaller { invoker, request }, requests).await
+                }
+                "ours_hedge_policy" => {
+                    let interceptor = RetryInterceptor::new(hedge_policies());
+                    let invoker = Arc::new(channel.with_interceptor(interceptor));
+                    measure(CrateCaller { invoker, request }, requests).await
+                }
+                other => unreachable!("{other}"),
+            }
+        }
+
+        /// Requests per measurement for this pair: 2 000, or `LOOPBACK_GRPC_REQUESTS`.
+        /// `grpc` 0.9 leaves Nagle's algorithm on (its transport options are fixed), so a
+        /// call waits for delayed ACKs and this pair is far slower than the others.
+        fn requests() -> usize {
+            env_count("LOOPBACK_GRPC_REQUESTS", 2_000)
+        }
+
+        pub(in super::super) async fn grpc_crate_pair(addr: SocketAddr) {
+            let requests = requests();
+            side_by_side("grpc crate", &CONFIGURATIONS, async |i| {
+                measure_crate(i, addr, requests).await
+            })
+            .await;
+        }
+    }
+
     pub(super) async fn tonic_pair() -> std::io::Result<()> {
         let addr = serve_on_own_thread("tonic-server", |listener| async move {
             // Without TCP_NODELAY on the server's side too, Nagle's algorithm and delayed
@@ -765,6 +915,10 @@ mod grpc {
             measure_tonic(i, addr, requests).await
         })
         .await;
+        #[cfg(feature = "grpc")]
+        grpc_crate::grpc_crate_pair(addr).await;
+        #[cfg(not(feature = "grpc"))]
+        println!("\ngrpc crate: skipped, build with `--features grpc`");
         Ok(())
     }
 }

@@ -9,30 +9,25 @@
 //! `RetryLayer`, and the generated `EchoClient` is used exactly as without it. Each call
 //! succeeds on its third attempt; the response says so in its metadata.
 
-use std::collections::HashMap;
 use std::error::Error;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::{Endpoint, Server};
-use tonic::{Request, Response, Status};
 use tower::ServiceBuilder;
 use tower_retry_hedge::backoff::Exponential;
 use tower_retry_hedge::classify::{Code, GrpcCodes};
 use tower_retry_hedge::metadata::Attempts;
 use tower_retry_hedge::{Policies, RetryLayer, RetryPolicy, Throttle};
 
-/// The code generated from `tests/proto/echo.proto` (package `test.echo`).
-#[allow(clippy::all, missing_docs, unreachable_pub)]
-pub mod pb {
-    include!("../tests/common/pb/test.echo.rs");
-}
+#[path = "support/echo_peer.rs"]
+mod echo_peer;
 
-use pb::echo_client::EchoClient;
-use pb::echo_server::{Echo, EchoServer};
-use pb::{Chunk, Digest, EchoReply, EchoRequest};
+use echo_peer::FailsTwice;
+use echo_peer::pb::EchoRequest;
+use echo_peer::pb::echo_client::EchoClient;
+use echo_peer::pb::echo_server::EchoServer;
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn Error + Send + Sync>> {
@@ -106,50 +101,4 @@ async fn main() -> Result<(), Box<dyn Error + Send + Sync>> {
 
     server.abort();
     Ok(())
-}
-
-/// Fails the first two attempts of every call with `UNAVAILABLE`.
-#[derive(Default)]
-struct FailsTwice {
-    attempts: Mutex<HashMap<u32, u32>>,
-}
-
-#[tonic::async_trait]
-impl Echo for FailsTwice {
-    async fn unary(&self, request: Request<EchoRequest>) -> Result<Response<EchoReply>, Status> {
-        let request = request.into_inner();
-        let attempt = {
-            let mut attempts = self
-                .attempts
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            let n = attempts.entry(request.call).or_insert(0);
-            *n = n.saturating_add(1);
-            *n
-        };
-        if attempt <= 2 {
-            return Err(Status::unavailable(format!("attempt {attempt}: try again")));
-        }
-        Ok(Response::new(EchoReply {
-            message: request.message,
-            payload: request.payload,
-            attempt: attempt.saturating_sub(1),
-        }))
-    }
-
-    async fn client_stream(
-        &self,
-        _request: Request<tonic::Streaming<Chunk>>,
-    ) -> Result<Response<Digest>, Status> {
-        Err(Status::unimplemented("not used by this example"))
-    }
-
-    type ServerStreamStream = tokio_stream::Empty<Result<EchoReply, Status>>;
-
-    async fn server_stream(
-        &self,
-        _request: Request<EchoRequest>,
-    ) -> Result<Response<Self::ServerStreamStream>, Status> {
-        Err(Status::unimplemented("not used by this example"))
-    }
 }

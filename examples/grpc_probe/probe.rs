@@ -450,7 +450,9 @@ fn attempts_from_metadata(metadata: &tonic::metadata::MetadataMap) -> Option<u32
         .map(|previous| previous.saturating_add(1))
 }
 
-fn status_name(code: i32) -> &'static str {
+/// The name of status code `code` (`OK`, `UNAVAILABLE`, ...; `UNKNOWN` for a code gRPC does
+/// not define).
+pub fn status_name(code: i32) -> &'static str {
     Code::from_i32(code).map_or("UNKNOWN", Code::as_str)
 }
 

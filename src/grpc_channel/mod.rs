@@ -1,5 +1,5 @@
 //! gRFC A6 for the official gRPC crate: [`RetryInterceptor`] runs the crate's engine behind
-//! the interceptor API of [`grpc`](::grpc) 0.9 (feature `grpc`), so a `grpc::client::Channel`
+//! the interceptor API of [`grpc`] 0.9 (feature `grpc`), so a `grpc::client::Channel`
 //! gets retries, hedging and the throttle from the same [`Policies`] the tower layers take.
 //!
 //! `grpc` is not a tower `Service`: a call is started with `Invoke::invoke` and gives a send
@@ -16,7 +16,8 @@
 //!   attempt's stream, and every other attempt is cancelled.
 //! - **The rules of the tower layers**, decided by the same engine: backoff with jitter,
 //!   retryable codes, hedging delays and `nonFatalStatusCodes`, the throttle of
-//!   [`Policies`] (the table's shared one), pushback, `maxAttempts`, the method's `timeout`
+//!   [`Policies`] (the table's shared one: an interceptor does not see the channel's
+//!   authority, so a per-authority table does not apply), pushback, `maxAttempts`, the method's `timeout`
 //!   and the call's deadline (`CallOptions::deadline`, read on tokio's clock), per-attempt
 //!   timeouts, `grpc-previous-rpc-attempts` on every attempt after the first, statistics
 //!   ([`Policies::stats`]) and A96 metrics.
@@ -100,23 +101,22 @@ const QUEUED_MESSAGES: usize = 4;
 /// [module docs](self) for what it does and what `grpc` 0.9 does not let it do.
 ///
 /// ```
-/// use std::time::Duration;
-///
+/// use tower_retry_hedge::classify::{Code, GrpcCodes};
 /// use tower_retry_hedge::grpc_channel::RetryInterceptor;
-/// use tower_retry_hedge::{GrpcCodes, Policies, RetryPolicy};
+/// use tower_retry_hedge::{Policies, RetryPolicy};
 ///
 /// let policies = Policies::builder()
 ///     .service(
 ///         "echo.Echo",
 ///         RetryPolicy::builder()
 ///             .max_attempts(4)
-///             .retry_on(GrpcCodes::UNAVAILABLE)
+///             .retryable(GrpcCodes::from([Code::Unavailable]))
 ///             .build()?,
 ///     )
 ///     .build();
 /// let interceptor = RetryInterceptor::new(policies);
 /// assert!(interceptor.policies().lookup(&http::Method::POST, "/echo.Echo/Say").is_some());
-/// # Ok::<(), tower_retry_hedge::BuildError>(())
+/// # Ok::<(), tower_retry_hedge::error::BuildError>(())
 /// ```
 #[derive(Clone)]
 pub struct RetryInterceptor {

@@ -12,12 +12,14 @@
 #[path = "../common/mod.rs"]
 mod common;
 mod mock;
+#[path = "../../examples/support/raw_message.rs"]
+mod raw_message;
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Buf, Bytes};
+use bytes::Bytes;
 use common::pb::{Chunk, Digest, EchoReply, EchoRequest};
 use common::{Action, CALL_METADATA, GrpcPeer, Script, spawn_grpc};
 use grpc::client::interceptor::InvokeExt as _;
@@ -25,11 +27,12 @@ use grpc::client::{
     CallOptions, Channel, ChannelOptions, Invoke, RecvStream, ResponseStreamItem, SendOptions,
     SendStream,
 };
-use grpc::core::{RecvMessage, RequestHeaders, SendMessage};
+use grpc::core::RequestHeaders;
 use grpc::credentials::LocalChannelCredentials;
 use grpc::metadata::MetadataMap;
 use grpc::{StatusCodeError, StatusError};
 use prost::Message as _;
+use raw_message::{Raw, RawReply};
 use tonic::Code;
 use tower_retry_hedge::config::ServiceConfig;
 use tower_retry_hedge::grpc_channel::RetryInterceptor;
@@ -90,26 +93,6 @@ fn channel(peer: &GrpcPeer, policies: &Policies) -> impl Invoke + use<> {
         ChannelOptions::default(),
     );
     channel.with_interceptor(RetryInterceptor::new(policies.clone()))
-}
-
-/// A message already encoded.
-struct Raw(Bytes);
-
-impl SendMessage for Raw {
-    fn encode(&self) -> Result<Box<dyn Buf + Send + Sync>, String> {
-        Ok(Box::new(self.0.clone()))
-    }
-}
-
-/// A message received, as its bytes.
-#[derive(Default)]
-struct RawReply(Option<Bytes>);
-
-impl RecvMessage for RawReply {
-    fn decode(&mut self, data: &mut dyn Buf) -> Result<(), String> {
-        self.0 = Some(data.copy_to_bytes(data.remaining()));
-        Ok(())
-    }
 }
 
 /// What the application saw of one call.

@@ -19,6 +19,9 @@
 #[path = "../../examples/grpc_probe/probe.rs"]
 mod probe;
 
+#[cfg(feature = "grpc")]
+mod channel_probe;
+
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::{Arc, Mutex, mpsc};
