@@ -206,7 +206,11 @@ impl RetryInterceptor {
     fn plan(&self, headers: &RequestHeaders, options: &CallOptions) -> Option<driver::Start> {
         let path = headers.method_name();
         let matched = self.policies.matched(&Method::POST, path);
-        let table = self.policies.table_facts();
+        let mut table = self.policies.table_facts();
+        // `grpc` 0.9 does not tell an attempt that never left: there is nothing for
+        // transparent retries to act on, so a call without a policy or throttle goes
+        // straight to the channel.
+        table.transparent_retries = false;
         if engine::nothing_applies(matched.map(|m| m.policy), &table) {
             return None;
         }
