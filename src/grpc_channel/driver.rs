@@ -203,7 +203,6 @@ where
                     }
                 }
             };
-            self.record_metrics();
             let _ = decided.send(decision);
         }
         .instrument(span)
@@ -412,9 +411,13 @@ where
         };
         self.policies.stats().method(key)
     }
+}
 
+/// The call's A96 metrics are recorded when its state goes, however the call ended: with an
+/// answer, abandoned, or its task aborted with the application's receive stream.
+impl<I: Invoke> Drop for GrpcCall<I> {
     #[cfg(feature = "opentelemetry")]
-    fn record_metrics(&self) {
+    fn drop(&mut self) {
         if let Some(counts) = self.engine.extra()
             && let Some(metrics) = self.policies.metrics()
         {
@@ -426,7 +429,7 @@ where
     }
 
     #[cfg(not(feature = "opentelemetry"))]
-    fn record_metrics(&self) {}
+    fn drop(&mut self) {}
 }
 
 /// What woke a call.

@@ -280,3 +280,67 @@ async fn the_deadline_ends_the_call_on_time_with_deadline_exceeded() {
         "the attempt in flight was cancelled"
     );
 }
+
+#[cfg(feature = "opentelemetry")]
+#[tokio::test(start_paused = true)]
+async fn a_call_with_two_retries_records_a96_retries_2_under_its_method() {
+    use opentelemetry::metrics::MeterProvider as _;
+    use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData};
+    use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMeterProvider};
+    use tower_retry_hedge::classify::{Code, GrpcCodes};
+    use tower_retry_hedge::{Policies, RetryPolicy};
+
+    let exporter = InMemoryMetricExporter::default();
+    let provider = SdkMeterProvider::builder()
+        .with_reader(PeriodicReader::builder(exporter.clone()).build())
+        .build();
+    let policy = RetryPolicy::builder()
+        .max_attempts(4)
+        .retryable(GrpcCodes::from([Code::Unavailable]))
+        .build()
+        .expect("valid policy");
+    let policies = Policies::builder()
+        .service("test.echo.Echo", policy)
+        .metrics(&provider.meter("tower-retry-hedge"))
+        .build();
+    let channel = Scripted::new([
+        Answer::Fail(StatusCodeError::Unavailable, None),
+        Answer::Fail(StatusCodeError::Unavailable, None),
+    ]);
+    let invoker = channel
+        .clone()
+        .with_interceptor(RetryInterceptor::new(policies));
+
+    let seen = unary(&invoker, CallOptions::new()).await;
+    assert!(seen.status.is_ok(), "{seen:?}");
+    // The call's state goes with its task, just after the answer.
+    tokio::task::yield_now().await;
+
+    provider.force_flush().expect("flush the metrics");
+    let exported = exporter.get_finished_metrics().expect("read metrics");
+    let mut points = Vec::new();
+    for resource in &exported {
+        for scope in resource.scope_metrics() {
+            for metric in scope
+                .metrics()
+                .filter(|m| m.name() == "grpc.client.call.retries")
+            {
+                let AggregatedMetrics::U64(MetricData::Histogram(histogram)) = metric.data() else {
+                    panic!("retries is not a u64 histogram: {:?}", metric.data());
+                };
+                points.extend(histogram.data_points().map(|p| {
+                    let method = p
+                        .attributes()
+                        .find(|kv| kv.key.as_str() == "grpc.method")
+                        .map(|kv| kv.value.to_string());
+                    (method, p.count(), p.sum())
+                }));
+            }
+        }
+    }
+    assert_eq!(
+        points,
+        [(Some("test.echo.Echo/Unary".to_owned()), 1, 2)],
+        "one call, two retries, under its method"
+    );
+}
