@@ -7,7 +7,8 @@
 //! channel it wraps, as often as the method's policy says:
 //!
 //! - **Replay per message**, as A6 describes it. The messages the application sends are kept
-//!   (encoded, as `Bytes`: no copy) within the table's [`BufferLimits`]; each new attempt is
+//!   encoded (as the `Bytes` the encoder gives, without a copy when it gives `Bytes`) within
+//!   the table's [`BufferLimits`]; each new attempt is
 //!   sent every message so far, byte for byte, then the rest as they come. A message that
 //!   would take the call past a limit commits it to the attempt that sends it: the others
 //!   are cancelled and no new attempt starts.
@@ -28,6 +29,10 @@
 //!   `grpc-previous-rpc-attempts`, the number of attempts before the one answering.
 //! - **Dropping the receive stream cancels the call**: its timers and every attempt in
 //!   flight.
+//! - **Deadlines hold**: `grpc` 0.9 enforces none, so a call with a deadline is driven even
+//!   when its method has no policy, and ends with `DEADLINE_EXCEEDED` when it passes. A call
+//!   with neither a policy nor a deadline (and a table without a throttle) goes straight to
+//!   the channel, at no cost.
 //!
 //! What `grpc` 0.9 cannot tell yet, and so this interceptor cannot do:
 //!
@@ -207,10 +212,11 @@ impl RetryInterceptor {
         let path = headers.method_name();
         let matched = self.policies.matched(&Method::POST, path);
         let mut table = self.policies.table_facts();
-        // `grpc` 0.9 does not tell an attempt that never left: there is nothing for
-        // transparent retries to act on, so a call without a policy or throttle goes
-        // straight to the channel.
-        table.transparent_retries = false;
+        // `grpc` 0.9 does not tell an attempt that never left, so transparent retries have
+        // nothing to act on; and it enforces no deadline. So a call without a policy or a
+        // throttle goes straight to the channel, unless it has a deadline for the engine to
+        // keep.
+        table.transparent_retries = options.deadline().is_some();
         if engine::nothing_applies(matched.map(|m| m.policy), &table) {
             return None;
         }

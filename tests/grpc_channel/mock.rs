@@ -344,3 +344,32 @@ async fn a_call_with_two_retries_records_a96_retries_2_under_its_method() {
         "one call, two retries, under its method"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_deadline_holds_for_a_method_without_a_policy() {
+    // `grpc` 0.9 enforces no deadline: the interceptor does, policy or not.
+    let channel = Scripted::new([Answer::Hang]);
+    let invoker = channel.clone().with_interceptor(retry(3));
+    let start = Instant::now();
+    let mut options = CallOptions::new();
+    options.set_deadline((start + Duration::from_millis(80)).into_std());
+    let headers = RequestHeaders::new().with_method_name("/test.echo.Other/Call");
+    let (mut send, mut recv) = invoker.invoke(headers, options).await;
+    send.send(
+        &Raw(bytes::Bytes::from_static(b"m")),
+        SendOptions::new().with_final_msg(true),
+    )
+    .await
+    .expect("queued");
+
+    let seen = read_all(&mut recv).await;
+
+    assert_eq!(
+        seen.code(),
+        Some(StatusCodeError::DeadlineExceeded),
+        "{seen:?}"
+    );
+    assert_eq!(Instant::now() - start, Duration::from_millis(80));
+    assert_eq!(channel.log().started.len(), 1);
+    assert_eq!(channel.log().dropped, [0]);
+}
