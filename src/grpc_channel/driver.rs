@@ -45,7 +45,10 @@ pub(super) struct Start {
 pub(super) struct Answer<R> {
     pub(super) first: ResponseStreamItem,
     pub(super) recv: Option<R>,
-    pub(super) sender: Option<JoinHandle<()>>,
+    /// Aborted with the answer: a sender never outlives the attempt it sends to.
+    pub(super) sender: Option<AbortOnDrop>,
+    /// The call's deadline, which still holds while the application reads the stream.
+    pub(super) deadline: Option<std::time::Instant>,
 }
 
 impl<R> Answer<R> {
@@ -55,7 +58,18 @@ impl<R> Answer<R> {
             first: ResponseStreamItem::Trailers(trailers),
             recv: None,
             sender: None,
+            deadline: None,
         }
+    }
+}
+
+/// A task that is aborted when this handle is dropped: a call's work never outlives it.
+#[derive(Debug)]
+pub(super) struct AbortOnDrop(pub(super) JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
@@ -117,6 +131,8 @@ pub(super) struct GrpcCall<I: Invoke> {
     /// The failure kept as the call's last (see [`Verdict::Keep`]).
     last: Option<(AttemptId, Answer<I::RecvStream>)>,
     timer: Pin<Box<Sleep>>,
+    /// When `timer` fires, once set.
+    timer_at: Option<std::time::Instant>,
     /// The body's commit was told to the engine.
     commit_seen: bool,
     /// The method's policy hedges.
@@ -157,6 +173,7 @@ where
             attempts: Vec::new(),
             last: None,
             timer: Box::pin(tokio::time::sleep(Duration::ZERO)),
+            timer_at: None,
             commit_seen: false,
             hedged,
         };
@@ -182,7 +199,10 @@ where
                     Ok(decision) => break decision,
                     Err(wake_at) => wake_at,
                 };
-                if let Some(at) = wake_at {
+                if let Some(at) = wake_at
+                    && self.timer_at != Some(at)
+                {
+                    self.timer_at = Some(at);
                     self.timer
                         .as_mut()
                         .reset(tokio::time::Instant::from_std(at));
@@ -241,10 +261,8 @@ where
                 Action::End(End::DeadlineExceeded) => {
                     let attempts = self.engine.attempts().sent();
                     let message = format!("deadline exceeded after {attempts} attempt(s)");
-                    return Ok(Answer::ended(status(
-                        StatusCodeError::DeadlineExceeded,
-                        &message,
-                    )));
+                    let trailers = status(StatusCodeError::DeadlineExceeded, &message);
+                    return Ok(self.marked(None, Answer::ended(trailers)));
                 }
                 Action::Wait(at) => return Err(at),
             }
@@ -254,6 +272,13 @@ where
     /// A send the engine asked for: the channel is always ready, so it goes at once if the
     /// engine admits it.
     fn send(&mut self, send: Dispatch, inputs: &mut Inputs<'_>) {
+        if let Some(reader) = self.body.0.committed_reader() {
+            // The body committed itself (in a sender's task) since the call last looked: no
+            // new attempt may start, and the engine is told before it asks again.
+            self.commit_seen = true;
+            self.engine.on_commit(reader);
+            return;
+        }
         match self.engine.admit(send) {
             Admission::Send => {}
             Admission::Refused => return,
@@ -293,14 +318,14 @@ where
         let invoker = self.invoker.clone();
         let future = async move {
             let (send, mut recv) = invoker.invoke(headers, options).await;
-            let sender = tokio::spawn(send_messages(send, reader));
-            // Until the answer, the sender is this attempt's: dropping the attempt stops it.
-            let guard = AbortGuard(Some(sender));
+            // The sender goes with the attempt: dropping either stops it.
+            let sender = AbortOnDrop(tokio::spawn(send_messages(send, reader)));
             let first = recv.recv(&mut NoMessage).await;
             Answer {
                 first,
                 recv: Some(recv),
-                sender: Some(guard.release()),
+                sender: Some(sender),
+                deadline: None,
             }
         };
         self.attempts.push(Attempt {
@@ -321,10 +346,11 @@ where
         if decided.poll_closed(cx).is_ready() {
             return Poll::Ready(Event::Abandoned);
         }
-        for (index, attempt) in self.attempts.iter_mut().enumerate() {
-            if let Poll::Ready(answer) = attempt.future.as_mut().poll(cx) {
-                return Poll::Ready(Event::Answered(index, answer));
-            }
+        // As the layers' driver: the timer first (a passed deadline ends the call before an
+        // answer ready in the same poll is accepted), then the body's commit (which cuts off
+        // the other attempts before their answers count), then the answers.
+        if timed && self.timer.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Event::Timer);
         }
         if !self.commit_seen
             && let Poll::Ready(reader) = self.body.0.poll_committed(cx)
@@ -332,8 +358,10 @@ where
             self.commit_seen = true;
             return Poll::Ready(Event::Committed(reader));
         }
-        if timed && self.timer.as_mut().poll(cx).is_ready() {
-            return Poll::Ready(Event::Timer);
+        for (index, attempt) in self.attempts.iter_mut().enumerate() {
+            if let Poll::Ready(answer) = attempt.future.as_mut().poll(cx) {
+                return Poll::Ready(Event::Answered(index, answer));
+            }
         }
         Poll::Pending
     }
@@ -361,9 +389,8 @@ where
         }
         match verdict {
             Verdict::Return => {
-                if matches!(answered.first, ResponseStreamItem::Headers(_))
-                    && let Some(delay) = self.engine.adaptive_delay()
-                {
+                // Any answer of the server is a latency, as for the layers' responses.
+                if let Some(delay) = self.engine.adaptive_delay() {
                     delay.record(tokio::time::Instant::now().saturating_duration_since(sent_at));
                 }
                 Some(self.answer(id, answered))
@@ -377,28 +404,45 @@ where
     }
 
     /// The decision that hands attempt `id`'s answer to the application, marked with the
-    /// attempts before it when the call made more than one.
+    /// attempts before it. An answer in trailers ends the call: its sender stops, and with
+    /// it the last reader of the messages.
     fn answer(
         &mut self,
         id: AttemptId,
         mut answered: Answer<I::RecvStream>,
     ) -> Answer<I::RecvStream> {
         self.attempts.clear();
-        if let Some(marks) = self.engine.marks(Some(id)) {
-            let value = MetadataValue::from(marks.previous);
-            match &mut answered.first {
-                ResponseStreamItem::Headers(headers) => {
-                    headers
-                        .metadata_mut()
-                        .insert("grpc-previous-rpc-attempts", value);
-                }
-                ResponseStreamItem::Trailers(trailers) => {
-                    trailers
-                        .metadata_mut()
-                        .insert("grpc-previous-rpc-attempts", value);
-                }
-                ResponseStreamItem::Message | ResponseStreamItem::StreamClosed => {}
+        if matches!(answered.first, ResponseStreamItem::Trailers(_)) {
+            answered.sender = None;
+        } else {
+            answered.deadline = self.engine.deadline();
+        }
+        self.marked(Some(id), answered)
+    }
+
+    /// `answered`, marked with `grpc-previous-rpc-attempts` when attempts came before the
+    /// one it is from (`None`: an answer the interceptor made), as the layers mark theirs.
+    fn marked(
+        &self,
+        from: Option<AttemptId>,
+        mut answered: Answer<I::RecvStream>,
+    ) -> Answer<I::RecvStream> {
+        let Some(marks) = self.engine.marks(from).filter(|m| m.previous > 0) else {
+            return answered;
+        };
+        let value = MetadataValue::from(marks.previous);
+        match &mut answered.first {
+            ResponseStreamItem::Headers(headers) => {
+                headers
+                    .metadata_mut()
+                    .insert("grpc-previous-rpc-attempts", value);
             }
+            ResponseStreamItem::Trailers(trailers) => {
+                trailers
+                    .metadata_mut()
+                    .insert("grpc-previous-rpc-attempts", value);
+            }
+            ResponseStreamItem::Message | ResponseStreamItem::StreamClosed => {}
         }
         answered
     }
@@ -479,8 +523,12 @@ async fn send_messages<S: SendStream>(mut send: S, mut reader: ReplayBody<Messag
     let mut unframe = Unframe::default();
     let mut messages = Vec::new();
     while let Some(frame) = reader.frame().await {
-        // An error: the call committed to another attempt, which alone sends on.
-        let Ok(frame) = frame else { return };
+        let Ok(frame) = frame else {
+            // The call committed to another attempt, which alone sends on. Ending this
+            // request stream would tell the server it is whole: wait, holding it, until the
+            // call drops this attempt (and aborts this task).
+            return std::future::pending::<()>().await;
+        };
         let Ok(chunk) = frame.into_data() else {
             continue;
         };
@@ -493,23 +541,6 @@ async fn send_messages<S: SendStream>(mut send: S, mut reader: ReplayBody<Messag
             {
                 return;
             }
-        }
-    }
-}
-
-/// Aborts a task when dropped, unless released.
-struct AbortGuard(Option<JoinHandle<()>>);
-
-impl AbortGuard {
-    fn release(mut self) -> JoinHandle<()> {
-        self.0.take().expect("released once")
-    }
-}
-
-impl Drop for AbortGuard {
-    fn drop(&mut self) {
-        if let Some(task) = self.0.take() {
-            task.abort();
         }
     }
 }

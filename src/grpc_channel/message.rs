@@ -8,19 +8,23 @@ use std::task::{Context, Poll};
 
 use bytes::{Buf, Bytes, BytesMut};
 use http_body::{Body, Frame};
+use smallvec::SmallVec;
 use tokio::sync::mpsc;
 
 /// The bytes of a message's length prefix.
 const PREFIX: usize = 4;
 
 /// A message as the chunks the body carries: its length prefix, then its bytes (as they
-/// are: no copy), unless it is empty.
-pub(super) fn frame(message: Bytes) -> impl Iterator<Item = Bytes> {
-    // A message over 4 GiB is cut off at that length: gRPC's own framing has the same bound.
-    let len = u32::try_from(message.len()).unwrap_or(u32::MAX);
-    let prefix = Bytes::copy_from_slice(&len.to_be_bytes());
-    let message = message.slice(..len as usize);
-    std::iter::once(prefix).chain((!message.is_empty()).then_some(message))
+/// are: no copy), unless it is empty. The prefix counts toward the buffer limits too.
+/// `None` for a message over 4 GiB, which gRPC's own framing cannot carry either.
+pub(super) fn frame(message: Bytes) -> Option<SmallVec<[Bytes; 2]>> {
+    let len = u32::try_from(message.len()).ok()?;
+    let mut chunks = SmallVec::new();
+    chunks.push(Bytes::copy_from_slice(&len.to_be_bytes()));
+    if !message.is_empty() {
+        chunks.push(message);
+    }
+    Some(chunks)
 }
 
 /// The messages the application sends, as a body: a data frame per chunk, the end when the
@@ -111,7 +115,11 @@ mod tests {
             Bytes::from(vec![7u8; 1000]),
             Bytes::from_static(b"x"),
         ];
-        let framed: Vec<Bytes> = messages.iter().cloned().flat_map(frame).collect();
+        let framed: Vec<Bytes> = messages
+            .iter()
+            .cloned()
+            .flat_map(|m| frame(m).expect("small"))
+            .collect();
         // As framed: a prefix chunk and a message chunk each.
         assert_eq!(cut(framed.clone()), messages);
         // One byte at a time.
@@ -125,13 +133,14 @@ mod tests {
     #[test]
     fn a_whole_message_in_one_chunk_is_not_copied() {
         let message = Bytes::from(vec![1u8; 64]);
-        let out = cut(frame(message.clone()));
+        let out = cut(frame(message.clone()).expect("small"));
         assert_eq!(out[0].as_ptr(), message.as_ptr());
     }
 
     #[test]
     fn an_empty_message_is_a_message() {
-        assert_eq!(frame(Bytes::new()).count(), 1);
-        assert_eq!(cut(frame(Bytes::new())), [Bytes::new()]);
+        let framed = frame(Bytes::new()).expect("small");
+        assert_eq!(framed.len(), 1);
+        assert_eq!(cut(framed), [Bytes::new()]);
     }
 }

@@ -43,6 +43,11 @@
 //!   metadata of error trailers on its tonic transport, so `grpc-retry-pushback-ms` never
 //!   reaches the interceptor. The interceptor reads it where it arrives (a transport that
 //!   keeps it, or an interceptor below), and its rules are those of the layers.
+//! - **Resetting an attempt before its response headers.** The interceptor drops a losing
+//!   hedge, or an attempt cut off by a commit or the deadline, but `grpc` 0.9 cannot reset
+//!   such a stream: dropping it ends its request stream, and the server runs on until it
+//!   answers (or its `grpc-timeout` passes). A server of a client-streaming method may so
+//!   see a cut-off attempt's request end early, and answer an attempt nobody reads.
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -91,19 +96,23 @@ use ::grpc::core::{RecvMessage, RequestHeaders, SendMessage};
 use http::{HeaderMap, Method};
 use tokio::sync::{mpsc, oneshot};
 
-use self::driver::{Answer, GrpcCall};
+use self::driver::{AbortOnDrop, Answer, GrpcCall};
 use self::message::{Messages, frame};
 use crate::body::ReplayBody;
 use crate::engine::{self, CallFacts, Plan};
 use crate::policy::Policies;
 
-/// How many encoded messages wait between the application's sends and the attempts: a send
-/// returns once its message is queued, and waits while this many are.
-const QUEUED_MESSAGES: usize = 4;
+/// How many chunks wait between the application's sends and the attempts (a message is two:
+/// its length prefix and its bytes): a send returns once its message is queued, and waits
+/// while the queue is full.
+const QUEUED_CHUNKS: usize = 8;
 
 /// gRFC A6 on a `grpc` channel: an interceptor that drives every call by its method's policy
 /// in a [`Policies`] table (built in code, or from service config). See the
 /// [module docs](self) for what it does and what `grpc` 0.9 does not let it do.
+///
+/// Calls are made within a tokio runtime, as `grpc`'s channel itself requires: a driven
+/// call runs in a task of its own.
 ///
 /// ```
 /// use tower_retry_hedge::classify::{Code, GrpcCodes};
@@ -171,7 +180,7 @@ where
                 RetryRecv(RecvState::Direct(recv)),
             );
         };
-        let (sender, receiver) = mpsc::channel(QUEUED_MESSAGES);
+        let (sender, receiver) = mpsc::channel(QUEUED_CHUNKS);
         let limits = self.policies.buffer_limits();
         let body = match ReplayBody::try_new_unpin(Messages::new(receiver), limits) {
             Ok(body) => body,
@@ -270,18 +279,24 @@ impl<S: SendStream + Send> SendStream for RetrySend<S> {
         let Some(queue) = sender.as_ref() else {
             return Err(());
         };
-        // An encoding error ends the request stream: no attempt could send the message.
+        // An encoding error fails this send alone, as on the channel itself.
         let Ok(mut encoded) = msg.encode() else {
-            *sender = None;
             return Err(());
         };
         let message = encoded.copy_to_bytes(encoded.remaining());
-        for chunk in frame(message) {
-            if queue.send(chunk).await.is_err() {
-                // The call is over: no attempt reads messages any more.
-                *sender = None;
-                return Err(());
-            }
+        let Some(chunks) = frame(message) else {
+            // Over 4 GiB: gRPC's own framing cannot carry it either.
+            return Err(());
+        };
+        // Room for every chunk of the message first, so that a send dropped half-way (a
+        // `select!`, a timeout) queues none of it rather than a prefix without its bytes.
+        let Ok(permits) = queue.reserve_many(chunks.len()).await else {
+            // The call is over: no attempt reads messages any more.
+            *sender = None;
+            return Err(());
+        };
+        for (permit, chunk) in permits.zip(chunks) {
+            permit.send(chunk);
         }
         if options.final_msg {
             *sender = None;
@@ -327,7 +342,9 @@ enum RecvState<R> {
         /// deadline), which has no more.
         recv: Option<R>,
         /// Its task that sends the application's messages, aborted with this stream.
-        _sender: Option<AbortOnDrop>,
+        sender: Option<AbortOnDrop>,
+        /// The call's deadline, which ends the stream if it passes first.
+        deadline: Option<std::time::Instant>,
     },
 }
 
@@ -336,11 +353,34 @@ impl<R: RecvStream + Send> RecvStream for RetryRecv<R> {
         loop {
             let decision = match &mut self.0 {
                 RecvState::Direct(recv) => return recv.recv(msg).await,
-                RecvState::Answered { first, recv, .. } => match (first.take(), recv) {
-                    (Some(item), _) => return item,
-                    (None, Some(recv)) => return recv.recv(msg).await,
-                    (None, None) => return ResponseStreamItem::StreamClosed,
-                },
+                RecvState::Answered {
+                    first,
+                    recv,
+                    sender,
+                    deadline,
+                } => {
+                    if let Some(item) = first.take() {
+                        return item;
+                    }
+                    let Some(stream) = recv else {
+                        return ResponseStreamItem::StreamClosed;
+                    };
+                    let Some(at) = *deadline else {
+                        return stream.recv(msg).await;
+                    };
+                    let at = tokio::time::Instant::from_std(at);
+                    if let Ok(item) = tokio::time::timeout_at(at, stream.recv(msg)).await {
+                        return item;
+                    }
+                    // The deadline passed while the committed attempt streamed: it is
+                    // cancelled, as a gRPC client cancels a call past its deadline.
+                    *recv = None;
+                    *sender = None;
+                    return ResponseStreamItem::Trailers(driver::status(
+                        ::grpc::StatusCodeError::DeadlineExceeded,
+                        "deadline exceeded",
+                    ));
+                }
                 RecvState::Waiting { decision, .. } => decision.await,
             };
             let answer = decision.unwrap_or_else(|_| Answer {
@@ -351,11 +391,13 @@ impl<R: RecvStream + Send> RecvStream for RetryRecv<R> {
                 )),
                 recv: None,
                 sender: None,
+                deadline: None,
             });
             self.0 = RecvState::Answered {
                 first: Some(answer.first),
                 recv: answer.recv,
-                _sender: answer.sender.map(AbortOnDrop),
+                sender: answer.sender,
+                deadline: answer.deadline,
             };
         }
     }
@@ -369,15 +411,5 @@ impl<R> fmt::Debug for RetryRecv<R> {
             RecvState::Answered { .. } => "answered",
         };
         f.debug_struct("RetryRecv").field("state", &state).finish()
-    }
-}
-
-/// A task that is aborted when this handle is dropped: a call's work never outlives it.
-#[derive(Debug)]
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }

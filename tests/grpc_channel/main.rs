@@ -11,6 +11,7 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+mod lifecycle;
 mod mock;
 #[path = "../../examples/support/raw_message.rs"]
 mod raw_message;
