@@ -130,8 +130,10 @@ const TRANSPARENT_BACKOFF: Exponential = Exponential::A6_EXAMPLE;
 pub(crate) struct TableFacts {
     pub(crate) max_attempts_cap: u32,
     pub(crate) max_pushback: Duration,
-    /// Calls without a policy get transparent retries.
-    pub(crate) transparent_retries: bool,
+    /// Calls without a policy are driven all the same: by the layers for A6's transparent
+    /// retries (unless the table turns them off), by the `grpc` interceptor to keep a call's
+    /// deadline, which `grpc` 0.9 does not.
+    pub(crate) drive_without_policy: bool,
     /// The table has a throttle, which every call's success credits.
     pub(crate) has_throttle: bool,
     /// Every call keeps a record of the backends it tried, for a balancer below.
@@ -236,10 +238,10 @@ pub(crate) fn plan(
 }
 
 /// Nothing of A6 applies to a call without a policy when the table has no throttle for its
-/// successes to credit and transparent retries are off: it passes through, whatever the
+/// successes to credit and nothing else asks to drive it: it passes through, whatever the
 /// request says (so a layer can tell before it reads the request).
 pub(crate) fn nothing_applies(policy: Option<&MethodPolicy>, table: &TableFacts) -> bool {
-    policy.is_none() && !table.has_throttle && !table.transparent_retries
+    policy.is_none() && !table.has_throttle && !table.drive_without_policy
 }
 
 /// The call's deadline: the earliest of the request's `grpc-timeout`, the method's `timeout`

@@ -226,7 +226,7 @@ impl RetryInterceptor {
         // nothing to act on; and it enforces no deadline. So a call without a policy or a
         // throttle goes straight to the channel, unless it has a deadline for the engine to
         // keep.
-        table.transparent_retries = options.deadline().is_some();
+        table.drive_without_policy = options.deadline().is_some();
         if engine::nothing_applies(matched.map(|m| m.policy), &table) {
             return None;
         }

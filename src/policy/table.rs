@@ -304,7 +304,7 @@ impl Policies {
         crate::engine::TableFacts {
             max_attempts_cap: self.max_attempts_cap(),
             max_pushback: self.max_pushback(),
-            transparent_retries: self.transparent_retries(),
+            drive_without_policy: self.transparent_retries(),
             has_throttle: self.has_throttle(),
             track_backends: self.track_backends(),
         }

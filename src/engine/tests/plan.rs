@@ -15,7 +15,7 @@ fn facts<'a>(method: &'a http::Method, headers: &'a HeaderMap, grpc: bool) -> Ca
 const TABLE: TableFacts = TableFacts {
     max_attempts_cap: 3,
     max_pushback: Duration::from_secs(60),
-    transparent_retries: true,
+    drive_without_policy: true,
     has_throttle: false,
     track_backends: false,
 };
@@ -72,7 +72,7 @@ fn the_plan_of_a_call_is_its_policy_whichever_layer_meets_it_first() {
         Plan::Passthrough
     ));
     let off = TableFacts {
-        transparent_retries: false,
+        drive_without_policy: false,
         ..TABLE
     };
     let get_facts = facts(&get, &headers, false);
@@ -140,7 +140,7 @@ fn the_deadline_is_the_earliest_of_header_timeout_and_extension() {
 #[test]
 fn nothing_applies_only_without_a_policy_a_throttle_or_transparent_retries() {
     let off = TableFacts {
-        transparent_retries: false,
+        drive_without_policy: false,
         ..TABLE
     };
     assert!(nothing_applies(None, &off));
