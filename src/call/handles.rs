@@ -93,7 +93,7 @@ impl<S> Handles<S> {
 /// A throttle handle alone on its cache lines, forwarding to the throttle it holds.
 #[derive(Debug)]
 #[repr(align(128))]
-struct Padded(ThrottleHandle);
+pub(crate) struct Padded(pub(crate) ThrottleHandle);
 
 impl RetryThrottle for Padded {
     fn on_call(&self) {

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use tower_service::Service;
 
 pub use self::future::ResponseFuture;
-pub(crate) use self::handles::Handles;
+pub(crate) use self::handles::{Handles, Padded};
 use crate::body::{BufferLimits, Copies, Replay};
 use crate::engine::{self, BodyKind, CallFacts, CommitBody, Dispatch, Engine, Mode, Plan, Start};
 use crate::grpc_timeout;

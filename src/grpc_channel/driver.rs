@@ -5,6 +5,7 @@
 
 use std::future::{Future, poll_fn};
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -24,13 +25,13 @@ use tokio::task::JoinHandle;
 use tokio::time::Sleep;
 use tracing::Instrument;
 
+use super::Handles;
 use super::message::{Messages, Unframe};
 use crate::body::ReplayBody;
 use crate::classify::AttemptResult;
 use crate::engine::{
     Action, Admission, AttemptId, CommitBody, Dispatch, End, Engine, Inputs, Mode, Verdict,
 };
-use crate::policy::Policies;
 
 /// The engine's start of a call, and the route its method took.
 pub(super) struct Start {
@@ -125,7 +126,8 @@ pub(super) struct GrpcCall<I: Invoke> {
     options: CallOptions,
     body: Recorded,
     engine: Engine,
-    policies: Policies,
+    /// The interceptor's handles: the table, for statistics, metrics and route names.
+    handles: Arc<Handles>,
     route: Option<usize>,
     attempts: Vec<Attempt<I::RecvStream>>,
     /// The failure kept as the call's last (see [`Verdict::Keep`]).
@@ -151,7 +153,7 @@ where
         options: CallOptions,
         body: ReplayBody<Messages>,
         start: Start,
-        policies: Policies,
+        handles: Arc<Handles>,
     ) -> GrpcCall<I> {
         let first_reader = body.clone();
         let Start { start, route } = start;
@@ -168,7 +170,7 @@ where
             options,
             body: Recorded(body),
             engine,
-            policies,
+            handles,
             route,
             attempts: Vec::new(),
             last: None,
@@ -448,12 +450,12 @@ where
     }
 
     /// The statistics of the call's route or method.
-    fn method_stats(&self) -> std::sync::Arc<crate::stats::MethodStats> {
+    fn method_stats(&self) -> Arc<crate::stats::MethodStats> {
         let key = match self.route {
-            Some(route) => self.policies.route_name(route),
+            Some(route) => self.handles.policies.route_name(route),
             None => self.headers.method_name().as_str(),
         };
-        self.policies.stats().method(key)
+        self.handles.policies.stats().method(key)
     }
 }
 
@@ -463,9 +465,11 @@ impl<I: Invoke> Drop for GrpcCall<I> {
     #[cfg(feature = "opentelemetry")]
     fn drop(&mut self) {
         if let Some(counts) = self.engine.extra()
-            && let Some(metrics) = self.policies.metrics()
+            && let Some(metrics) = self.handles.policies.metrics()
         {
-            let route = self.route.map(|route| self.policies.route_name(route));
+            let route = self
+                .route
+                .map(|route| self.handles.policies.route_name(route));
             let labels =
                 crate::metrics::Labels::of(self.headers.method_name(), true, None, route, None);
             metrics.record(&counts, &labels);

@@ -88,6 +88,7 @@ mod driver;
 mod message;
 
 use std::fmt;
+use std::sync::Arc;
 
 use ::grpc::client::interceptor::Intercept;
 use ::grpc::client::{
@@ -100,8 +101,9 @@ use tokio::sync::{mpsc, oneshot};
 use self::driver::{AbortOnDrop, Answer, GrpcCall};
 use self::message::{Messages, frame};
 use crate::body::ReplayBody;
+use crate::call::Padded;
 use crate::engine::{self, CallFacts, Plan};
-use crate::policy::Policies;
+use crate::policy::{Policies, ThrottleHandle};
 
 /// How many chunks wait between the application's sends and the attempts (a message is two:
 /// its length prefix and its bytes): a send returns once its message is queued, and waits
@@ -133,28 +135,48 @@ const QUEUED_CHUNKS: usize = 8;
 /// assert!(interceptor.policies().lookup(&http::Method::POST, "/echo.Echo/Say").is_some());
 /// # Ok::<(), tower_retry_hedge::error::BuildError>(())
 /// ```
-#[derive(Clone)]
 pub struct RetryInterceptor {
+    /// This interceptor's own handles, which each call's task holds: taking them writes a
+    /// reference count of this clone's, not the table's that every clone (and core) shares,
+    /// as the layers' calls take their service clone's handles.
+    handles: Arc<Handles>,
+}
+
+/// The table, and a handle on its shared throttle alone on its cache lines.
+struct Handles {
     policies: Policies,
+    throttle: Option<ThrottleHandle>,
 }
 
 impl RetryInterceptor {
     /// An interceptor that drives calls as `policies` says.
     pub fn new(policies: Policies) -> RetryInterceptor {
-        RetryInterceptor { policies }
+        let throttle = policies
+            .shared_throttle()
+            .map(|shared| Arc::new(Padded(Arc::clone(shared))) as ThrottleHandle);
+        RetryInterceptor {
+            handles: Arc::new(Handles { policies, throttle }),
+        }
     }
 
     /// The table the interceptor drives calls by: its statistics and throttle state are
     /// those of the calls made through it.
     pub fn policies(&self) -> &Policies {
-        &self.policies
+        &self.handles.policies
+    }
+}
+
+/// A clone has handles of its own (see [`RetryInterceptor::new`]) on the same table.
+impl Clone for RetryInterceptor {
+    fn clone(&self) -> RetryInterceptor {
+        RetryInterceptor::new(self.handles.policies.clone())
     }
 }
 
 impl fmt::Debug for RetryInterceptor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RetryInterceptor")
-            .field("policies", &self.policies)
+            .field("policies", &self.handles.policies)
             .finish()
     }
 }
@@ -182,7 +204,7 @@ where
             );
         };
         let (sender, receiver) = mpsc::channel(QUEUED_CHUNKS);
-        let limits = self.policies.buffer_limits();
+        let limits = self.handles.policies.buffer_limits();
         let body = match ReplayBody::try_new_unpin(Messages::new(receiver), limits) {
             Ok(body) => body,
             // Only a body whose size hint is over the limits is refused, and a message
@@ -202,7 +224,7 @@ where
             options,
             body,
             start,
-            self.policies.clone(),
+            Arc::clone(&self.handles),
         );
         let task = tokio::spawn(call.run(decided));
         (
@@ -220,8 +242,9 @@ impl RetryInterceptor {
     /// straight to the channel.
     fn plan(&self, headers: &RequestHeaders, options: &CallOptions) -> Option<driver::Start> {
         let path = headers.method_name();
-        let matched = self.policies.matched(&Method::POST, path);
-        let mut table = self.policies.table_facts();
+        let policies = &self.handles.policies;
+        let matched = policies.matched(&Method::POST, path);
+        let mut table = policies.table_facts();
         // `grpc` 0.9 does not tell an attempt that never left, so transparent retries have
         // nothing to act on; and it enforces no deadline. So a call without a policy or a
         // throttle goes straight to the channel, unless it has a deadline for the engine to
@@ -245,7 +268,7 @@ impl RetryInterceptor {
         else {
             return None;
         };
-        start.rules.throttle = self.policies.shared_throttle().cloned();
+        start.rules.throttle = self.handles.throttle.clone();
         if start.has_policy
             && let Some(throttle) = &start.rules.throttle
         {
