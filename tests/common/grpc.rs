@@ -798,6 +798,15 @@ impl GrpcPeer {
         self.service.recorder()
     }
 
+    /// The `grpc-previous-rpc-attempts` each attempt of `call` carried, in order.
+    pub fn previous_attempts(&self, call: u32) -> Vec<Option<String>> {
+        self.recorder()
+            .attempts(call)
+            .into_iter()
+            .map(|a| a.previous_attempts)
+            .collect()
+    }
+
     /// A new channel to the peer.
     pub async fn channel(&self) -> Channel {
         grpc_channel(self.addr()).await
@@ -815,6 +824,12 @@ impl Drop for GrpcPeer {
         // The server is signalled next, when it is dropped.
         self.service.release_hangs();
     }
+}
+
+/// `[None, Some("1"), .., Some("n-1")]`: the `grpc-previous-rpc-attempts` that `n` attempts
+/// of one call must carry.
+pub fn expected_previous(n: usize) -> Vec<Option<String>> {
+    (0..n).map(|i| (i > 0).then(|| i.to_string())).collect()
 }
 
 /// Serves [`FaultEcho`] following `script` on `127.0.0.1:0`.

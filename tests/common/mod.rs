@@ -39,8 +39,8 @@ pub mod pb {
 pub(crate) use grpc::BidiAttempt;
 pub use grpc::{
     Action, AttemptRecord, CALL_METADATA, ChunkStream, FaultEcho, GrpcPeer, Method, Outcome,
-    PUSHBACK_METADATA, ReplyStream, SERVER_STREAM_REPLIES, Script, ServerTask, fed_request,
-    grpc_channel, spawn_grpc, spawn_grpc_on,
+    PUSHBACK_METADATA, ReplyStream, SERVER_STREAM_REPLIES, Script, ServerTask, expected_previous,
+    fed_request, grpc_channel, spawn_grpc, spawn_grpc_on,
 };
 pub use http::{
     CALL_HEADER, HttpAction, HttpAttemptRecord, HttpOutcome, HttpPeer, HttpScript,

@@ -18,7 +18,9 @@ use std::time::Duration;
 
 use common::pb::echo_client::EchoClient;
 use common::pb::{Chunk, EchoRequest};
-use common::{Action, CALL_METADATA, GrpcPeer, Method, Outcome, Script, spawn_grpc};
+use common::{
+    Action, CALL_METADATA, GrpcPeer, Method, Outcome, Script, expected_previous, spawn_grpc,
+};
 use http::HeaderValue;
 use tonic::Code;
 use tonic::metadata::{AsciiMetadataValue, MetadataMap};
@@ -89,20 +91,6 @@ fn metadata_str<'a>(metadata: &'a MetadataMap, key: &str) -> Option<&'a str> {
     metadata.get(key).and_then(|v| v.to_str().ok())
 }
 
-/// The `grpc-previous-rpc-attempts` each attempt of `call` carried, in order.
-fn previous_attempts(peer: &GrpcPeer, call: u32) -> Vec<Option<String>> {
-    peer.recorder()
-        .attempts(call)
-        .into_iter()
-        .map(|a| a.previous_attempts)
-        .collect()
-}
-
-/// `[None, Some("1"), .., Some("n-1")]`: what `n` attempts of one call must carry.
-fn expected_previous(n: usize) -> Vec<Option<String>> {
-    (0..n).map(|i| (i > 0).then(|| i.to_string())).collect()
-}
-
 fn assert_buffers_free(policies: &Policies) {
     assert_eq!(
         policies.buffer_limits().in_use(),
@@ -168,7 +156,7 @@ async fn unary_unavailable_twice_then_ok_is_retried_with_attempt_metadata() {
     assert_eq!(reply.attempt, 2, "the server answered its third attempt");
 
     assert_eq!(peer.recorder().attempt_count(0), 3);
-    assert_eq!(previous_attempts(&peer, 0), expected_previous(3));
+    assert_eq!(peer.previous_attempts(0), expected_previous(3));
     for attempt in peer.recorder().attempts(0) {
         assert_eq!(attempt.method, Method::Unary);
         assert_eq!(attempt.message, "hello");
@@ -192,7 +180,7 @@ async fn unary_ok_at_once_carries_no_retry_metadata() {
     );
     // One attempt: no extension, as no grpc-previous-rpc-attempts header.
     assert_eq!(response.extensions().get::<Attempts>(), None);
-    assert_eq!(previous_attempts(&peer, 0), expected_previous(1));
+    assert_eq!(peer.previous_attempts(0), expected_previous(1));
     assert_buffers_free(&policies);
     guard(peer.shutdown()).await;
 }
@@ -258,7 +246,7 @@ async fn positive_pushback_is_retried() {
         })
     );
     assert_eq!(attempts[1].outcome, Some(Outcome::Ok));
-    assert_eq!(previous_attempts(&peer, 0), expected_previous(2));
+    assert_eq!(peer.previous_attempts(0), expected_previous(2));
     assert_buffers_free(&policies);
     guard(peer.shutdown()).await;
 }
@@ -279,7 +267,7 @@ async fn max_attempts_ten_is_clamped_to_five() {
         Some("4")
     );
     assert_eq!(peer.recorder().attempt_count(0), 5);
-    assert_eq!(previous_attempts(&peer, 0), expected_previous(5));
+    assert_eq!(peer.previous_attempts(0), expected_previous(5));
     let snapshot = policies.stats().snapshot();
     let unary = snapshot.methods.get(UNARY).expect("unary statistics");
     assert_eq!(unary.retry_attempts, 4);
@@ -332,7 +320,7 @@ async fn client_stream_of_100_kb_is_replayed_byte_for_byte() {
             attempt.attempt
         );
     }
-    assert_eq!(previous_attempts(&peer, 7), expected_previous(3));
+    assert_eq!(peer.previous_attempts(7), expected_previous(3));
     assert_buffers_free(&policies);
     guard(peer.shutdown()).await;
 }
@@ -424,7 +412,7 @@ async fn deadline_shorter_than_the_retry_chain_is_deadline_exceeded() {
     assert_eq!(attempts.len(), 3, "{attempts:#?}");
     assert!(attempts[2].cancelled);
     assert_eq!(attempts[2].outcome, None);
-    assert_eq!(previous_attempts(&peer, 9), expected_previous(3));
+    assert_eq!(peer.previous_attempts(9), expected_previous(3));
     let timeouts: Vec<Duration> = attempts
         .iter()
         .map(|a| {

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::pb::{Chunk, Digest, EchoReply, EchoRequest};
-use common::{Action, CALL_METADATA, GrpcPeer, Script, spawn_grpc};
+use common::{Action, CALL_METADATA, GrpcPeer, Script, expected_previous, spawn_grpc};
 use grpc::client::interceptor::InvokeExt as _;
 use grpc::client::{
     CallOptions, Channel, ChannelOptions, Invoke, RecvStream, ResponseStreamItem, SendOptions,
@@ -169,6 +169,37 @@ async fn call(
     read_all(&mut recv).await
 }
 
+/// A unary or server-streaming call of `method` with the echo request of `call`.
+async fn echo_call(invoker: &impl Invoke, method: &str, call_id: u32, message: &str) -> Seen {
+    let request = vec![echo(call_id, message)];
+    guard(call(
+        invoker,
+        method,
+        MetadataMap::new(),
+        CallOptions::new(),
+        request,
+    ))
+    .await
+}
+
+/// A client-streaming or bidi call of `method` for `call`, sending `requests`.
+async fn stream_call(
+    invoker: &impl Invoke,
+    method: &str,
+    call_id: u32,
+    requests: Vec<Bytes>,
+) -> Seen {
+    let metadata = call_metadata(call_id);
+    guard(call(
+        invoker,
+        method,
+        metadata,
+        CallOptions::new(),
+        requests,
+    ))
+    .await
+}
+
 fn echo(call: u32, message: &str) -> Bytes {
     EchoRequest {
         message: message.to_owned(),
@@ -193,20 +224,6 @@ fn call_metadata(call: u32) -> MetadataMap {
     metadata
 }
 
-/// The `grpc-previous-rpc-attempts` each attempt of `call` carried, in order.
-fn previous_attempts(peer: &GrpcPeer, call: u32) -> Vec<Option<String>> {
-    peer.recorder()
-        .attempts(call)
-        .into_iter()
-        .map(|a| a.previous_attempts)
-        .collect()
-}
-
-/// `[None, Some("1"), .., Some("n-1")]`: what `n` attempts of one call must carry.
-fn expected_previous(n: usize) -> Vec<Option<String>> {
-    (0..n).map(|i| (i > 0).then(|| i.to_string())).collect()
-}
-
 #[tokio::test]
 async fn a_unary_call_is_retried_until_it_succeeds_with_previous_attempts_on_each() {
     let peer = spawn_grpc(Script::new().call(
@@ -221,20 +238,13 @@ async fn a_unary_call_is_retried_until_it_succeeds_with_previous_attempts_on_eac
     let policies = retry_config(4, "");
     let invoker = channel(&peer, &policies);
 
-    let seen = guard(call(
-        &invoker,
-        UNARY,
-        MetadataMap::new(),
-        CallOptions::new(),
-        vec![echo(1, "again")],
-    ))
-    .await;
+    let seen = echo_call(&invoker, UNARY, 1, "again").await;
 
     assert!(seen.status.is_ok(), "{seen:?}");
     let reply = EchoReply::decode(&seen.messages[0][..]).expect("an echo reply");
     assert_eq!(reply.message, "again");
     assert_eq!(reply.attempt, 2, "the third attempt answered");
-    assert_eq!(previous_attempts(&peer, 1), expected_previous(3));
+    assert_eq!(peer.previous_attempts(1), expected_previous(3));
     // The answer says how many attempts came before it.
     assert_eq!(seen.previous_attempts().as_deref(), Some("2"));
     // Every attempt was sent the request, byte for byte.
@@ -263,27 +273,13 @@ async fn a_fatal_code_ends_the_call_and_max_attempts_bounds_it() {
     let policies = retry_config(3, "");
     let invoker = channel(&peer, &policies);
 
-    let fatal = guard(call(
-        &invoker,
-        UNARY,
-        MetadataMap::new(),
-        CallOptions::new(),
-        vec![echo(1, "x")],
-    ))
-    .await;
+    let fatal = echo_call(&invoker, UNARY, 1, "x").await;
     assert_eq!(fatal.code(), Some(StatusCodeError::InvalidArgument));
     assert_eq!(peer.recorder().attempt_count(1), 1);
     // A call of one attempt is answered as it was: no marks.
     assert_eq!(fatal.previous_attempts(), None);
 
-    let spent = guard(call(
-        &invoker,
-        UNARY,
-        MetadataMap::new(),
-        CallOptions::new(),
-        vec![echo(2, "x")],
-    ))
-    .await;
+    let spent = echo_call(&invoker, UNARY, 2, "x").await;
     assert_eq!(spent.code(), Some(StatusCodeError::Unavailable));
     assert_eq!(peer.recorder().attempt_count(2), 3);
     assert_eq!(spent.previous_attempts().as_deref(), Some("2"));
@@ -305,14 +301,7 @@ async fn a_client_stream_is_replayed_byte_for_byte_to_the_next_attempt() {
     ];
     let requests = parts.iter().map(|p| chunk(p)).collect();
 
-    let seen = guard(call(
-        &invoker,
-        CLIENT_STREAM,
-        call_metadata(3),
-        CallOptions::new(),
-        requests,
-    ))
-    .await;
+    let seen = stream_call(&invoker, CLIENT_STREAM, 3, requests).await;
 
     assert!(seen.status.is_ok(), "{seen:?}");
     let digest = Digest::decode(&seen.messages[0][..]).expect("a digest");
@@ -353,14 +342,7 @@ async fn a_client_stream_past_the_buffer_commits_to_its_attempt() {
     let invoker = channel(&peer, &policies);
     let requests = vec![chunk(&[1; 50]), chunk(&[2; 50]), chunk(&[3; 50])];
 
-    let seen = guard(call(
-        &invoker,
-        CLIENT_STREAM,
-        call_metadata(4),
-        CallOptions::new(),
-        requests,
-    ))
-    .await;
+    let seen = stream_call(&invoker, CLIENT_STREAM, 4, requests).await;
 
     // Committed: the failure of the only attempt is the answer.
     assert_eq!(seen.code(), Some(StatusCodeError::Unavailable), "{seen:?}");
@@ -385,27 +367,13 @@ async fn a_server_stream_is_retried_before_its_headers_and_committed_after() {
     let policies = retry_config(3, "");
     let invoker = channel(&peer, &policies);
 
-    let retried = guard(call(
-        &invoker,
-        SERVER_STREAM,
-        MetadataMap::new(),
-        CallOptions::new(),
-        vec![echo(5, "s")],
-    ))
-    .await;
+    let retried = echo_call(&invoker, SERVER_STREAM, 5, "s").await;
     assert!(retried.status.is_ok(), "{retried:?}");
     assert_eq!(retried.messages.len(), common::SERVER_STREAM_REPLIES);
     assert_eq!(peer.recorder().attempt_count(5), 2);
 
     // Headers came: the call is committed, and the failure in the trailers is final.
-    let committed = guard(call(
-        &invoker,
-        SERVER_STREAM,
-        MetadataMap::new(),
-        CallOptions::new(),
-        vec![echo(6, "s")],
-    ))
-    .await;
+    let committed = echo_call(&invoker, SERVER_STREAM, 6, "s").await;
     assert_eq!(committed.code(), Some(StatusCodeError::Unavailable));
     assert_eq!(committed.messages.len(), 1);
     assert_eq!(peer.recorder().attempt_count(6), 1);
@@ -420,19 +388,12 @@ async fn a_bidi_stream_is_retried_and_echoes_every_message() {
     let invoker = channel(&peer, &policies);
     let requests = vec![chunk(b"one"), chunk(b"two"), chunk(b"three")];
 
-    let seen = guard(call(
-        &invoker,
-        BIDI,
-        call_metadata(7),
-        CallOptions::new(),
-        requests.clone(),
-    ))
-    .await;
+    let seen = stream_call(&invoker, BIDI, 7, requests.clone()).await;
 
     assert!(seen.status.is_ok(), "{seen:?}");
     assert_eq!(seen.messages, requests, "every chunk echoed, in order");
     assert_eq!(peer.recorder().attempt_count(7), 2);
-    assert_eq!(previous_attempts(&peer, 7), expected_previous(2));
+    assert_eq!(peer.previous_attempts(7), expected_previous(2));
     peer.shutdown().await;
 }
 
@@ -446,14 +407,7 @@ async fn the_throttle_stops_retries_when_its_tokens_run_low() {
     );
     let invoker = channel(&peer, &policies);
 
-    let seen = guard(call(
-        &invoker,
-        UNARY,
-        MetadataMap::new(),
-        CallOptions::new(),
-        vec![echo(8, "t")],
-    ))
-    .await;
+    let seen = echo_call(&invoker, UNARY, 8, "t").await;
 
     assert_eq!(seen.code(), Some(StatusCodeError::Unavailable));
     // 4 → 3 (retry) → 2 (no more).
@@ -525,14 +479,7 @@ async fn a_hedge_wins_and_the_call_does_not_wait_for_the_others() {
     let policies = hedge_config(3, "0.02s");
     let invoker = channel(&peer, &policies);
 
-    let seen = guard(call(
-        &invoker,
-        UNARY,
-        MetadataMap::new(),
-        CallOptions::new(),
-        vec![echo(10, "h")],
-    ))
-    .await;
+    let seen = echo_call(&invoker, UNARY, 10, "h").await;
 
     assert!(seen.status.is_ok(), "{seen:?}");
     let reply = EchoReply::decode(&seen.messages[0][..]).expect("an echo reply");
@@ -558,18 +505,11 @@ async fn a_non_fatal_failure_sends_the_next_hedge_at_once() {
     let policies = hedge_config(3, "100s");
     let invoker = channel(&peer, &policies);
 
-    let seen = guard(call(
-        &invoker,
-        UNARY,
-        MetadataMap::new(),
-        CallOptions::new(),
-        vec![echo(11, "n")],
-    ))
-    .await;
+    let seen = echo_call(&invoker, UNARY, 11, "n").await;
 
     assert!(seen.status.is_ok(), "{seen:?}");
     assert_eq!(peer.recorder().attempt_count(11), 2);
-    assert_eq!(previous_attempts(&peer, 11), expected_previous(2));
+    assert_eq!(peer.previous_attempts(11), expected_previous(2));
     peer.shutdown().await;
 }
 
@@ -580,14 +520,7 @@ async fn a_method_without_a_policy_goes_straight_through() {
     let invoker = channel(&peer, &policies);
 
     // BidiEcho has no policy in this table.
-    let seen = guard(call(
-        &invoker,
-        BIDI,
-        call_metadata(12),
-        CallOptions::new(),
-        vec![chunk(b"x")],
-    ))
-    .await;
+    let seen = stream_call(&invoker, BIDI, 12, vec![chunk(b"x")]).await;
 
     assert_eq!(seen.code(), Some(StatusCodeError::Unavailable));
     assert_eq!(peer.recorder().attempt_count(12), 1);
