@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use futures_util::{Stream, StreamExt, stream};
+use futures_util::Stream;
 use grpc::client::interceptor::InvokeExt as _;
 use grpc::client::{
     CallOptions, Channel, ChannelOptions, Invoke, RecvStream, ResponseStreamItem, SendOptions,
@@ -24,7 +24,7 @@ use tower_retry_hedge::grpc_channel::RetryInterceptor;
 mod raw_message;
 
 use self::raw_message::{Raw, RawReply};
-use crate::probe::{CallRecord, MAX_CONCURRENCY, payload_for, status_name};
+use crate::probe::{CallRecord, in_call_order, status_name};
 
 /// The `grpc` target for the probe's `--target` (`http://HOST:PORT`): `dns:///HOST:PORT`.
 /// `None` for a URI that is not plain-text `http`.
@@ -170,9 +170,8 @@ impl ChannelProbe {
         calls: u32,
         concurrency: usize,
     ) -> impl Stream<Item = CallRecord> + '_ {
-        let payload = payload.to_owned();
-        stream::iter(0..calls)
-            .map(move |call| self.call(call, payload_for(&payload, call)))
-            .buffered(concurrency.clamp(1, MAX_CONCURRENCY))
+        in_call_order(payload, calls, concurrency, move |call, payload| {
+            self.call(call, payload)
+        })
     }
 }

@@ -25,30 +25,16 @@ mod probe;
 
 mod channel;
 
-use std::io::Write;
 use std::process::ExitCode;
 
-use futures_util::StreamExt;
-
 use channel::{ChannelProbe, grpc_target};
-use probe::{Args, ArgsError, USAGE};
+use probe::{args_or_exit, print_records};
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let usage = USAGE.replace("grpc_probe", "grpc_channel_probe");
-    let args = match Args::parse(std::env::args().skip(1)) {
+    let args = match args_or_exit("grpc_channel_probe") {
         Ok(args) => args,
-        Err(ArgsError::Help) => {
-            println!("{usage}");
-            return ExitCode::SUCCESS;
-        }
-        Err(error) => {
-            eprintln!("grpc_channel_probe: {error}");
-            if matches!(error, ArgsError::Usage(_)) {
-                eprintln!("{usage}");
-            }
-            return ExitCode::from(2);
-        }
+        Err(code) => return code,
     };
     let Some(target) = grpc_target(&args.target) else {
         eprintln!(
@@ -63,18 +49,5 @@ async fn main() -> ExitCode {
         args.method.path().to_owned(),
         args.deadline,
     );
-
-    let mut stdout = std::io::stdout().lock();
-    let mut records = std::pin::pin!(probe.run(&args.payload, args.calls, args.concurrency));
-    while let Some(record) = records.next().await {
-        // Flushed line by line, so that a reader sees each call as it ends.
-        if writeln!(stdout, "{}", record.to_json())
-            .and_then(|()| stdout.flush())
-            .is_err()
-        {
-            // The reader went away (a closed pipe): nothing left to report to.
-            return ExitCode::from(1);
-        }
-    }
-    ExitCode::SUCCESS
+    print_records(probe.run(&args.payload, args.calls, args.concurrency)).await
 }

@@ -31,28 +31,15 @@
 
 mod probe;
 
-use std::io::Write;
 use std::process::ExitCode;
 
-use futures_util::StreamExt;
-
-use probe::{Args, ArgsError, Probe, USAGE, channel};
+use probe::{Probe, args_or_exit, channel, print_records};
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let args = match Args::parse(std::env::args().skip(1)) {
+    let args = match args_or_exit("grpc_probe") {
         Ok(args) => args,
-        Err(ArgsError::Help) => {
-            println!("{USAGE}");
-            return ExitCode::SUCCESS;
-        }
-        Err(error) => {
-            eprintln!("grpc_probe: {error}");
-            if matches!(error, ArgsError::Usage(_)) {
-                eprintln!("{USAGE}");
-            }
-            return ExitCode::from(2);
-        }
+        Err(code) => return code,
     };
     let channel = match channel(&args.target) {
         Ok(channel) => channel,
@@ -65,18 +52,5 @@ async fn main() -> ExitCode {
         }
     };
     let probe = Probe::new(channel, &args.service_config, args.method, args.deadline);
-
-    let mut stdout = std::io::stdout().lock();
-    let mut records = std::pin::pin!(probe.run(&args.payload, args.calls, args.concurrency));
-    while let Some(record) = records.next().await {
-        // Flushed line by line, so that a reader sees each call as it ends.
-        if writeln!(stdout, "{}", record.to_json())
-            .and_then(|()| stdout.flush())
-            .is_err()
-        {
-            // The reader went away (a closed pipe): nothing left to report to.
-            return ExitCode::from(1);
-        }
-    }
-    ExitCode::SUCCESS
+    print_records(probe.run(&args.payload, args.calls, args.concurrency)).await
 }

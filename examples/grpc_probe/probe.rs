@@ -11,6 +11,7 @@
 #![allow(dead_code)]
 
 use std::fmt;
+use std::future::Future;
 use std::io::Read;
 use std::str::FromStr;
 use std::sync::Arc;
@@ -564,11 +565,67 @@ impl Probe {
         calls: u32,
         concurrency: usize,
     ) -> impl Stream<Item = CallRecord> + '_ {
-        let payload = payload.to_owned();
-        stream::iter(0..calls)
-            .map(move |call| self.call(call, payload_for(&payload, call)))
-            .buffered(concurrency.clamp(1, MAX_CONCURRENCY))
+        in_call_order(payload, calls, concurrency, move |call, payload| {
+            self.call(call, payload)
+        })
     }
+}
+
+/// Makes calls `0..calls` with `call` (given each call's index and payload), at most
+/// `concurrency` at a time, and yields their records in call order (a record waits for the
+/// earlier calls' records).
+pub fn in_call_order<'a, F, Fut>(
+    payload: &str,
+    calls: u32,
+    concurrency: usize,
+    call: F,
+) -> impl Stream<Item = CallRecord> + 'a
+where
+    F: Fn(u32, Bytes) -> Fut + 'a,
+    Fut: Future<Output = CallRecord> + 'a,
+{
+    let payload = payload.to_owned();
+    stream::iter(0..calls)
+        .map(move |index| call(index, payload_for(&payload, index)))
+        .buffered(concurrency.clamp(1, MAX_CONCURRENCY))
+}
+
+/// The command line of `program`, or the exit code it ends with: `--help` prints the usage
+/// (success); a bad argument or service config prints why (status 2).
+pub fn args_or_exit(program: &str) -> Result<Args, std::process::ExitCode> {
+    let usage = USAGE.replace("grpc_probe", program);
+    match Args::parse(std::env::args().skip(1)) {
+        Ok(args) => Ok(args),
+        Err(ArgsError::Help) => {
+            println!("{usage}");
+            Err(std::process::ExitCode::SUCCESS)
+        }
+        Err(error) => {
+            eprintln!("{program}: {error}");
+            if matches!(error, ArgsError::Usage(_)) {
+                eprintln!("{usage}");
+            }
+            Err(std::process::ExitCode::from(2))
+        }
+    }
+}
+
+/// Prints each record as its JSON line, flushed line by line so that a reader sees each call
+/// as it ends; status 1 when the reader goes away (a closed pipe).
+pub async fn print_records(records: impl Stream<Item = CallRecord>) -> std::process::ExitCode {
+    use std::io::Write;
+
+    let mut stdout = std::io::stdout().lock();
+    let mut records = std::pin::pin!(records);
+    while let Some(record) = records.next().await {
+        if writeln!(stdout, "{}", record.to_json())
+            .and_then(|()| stdout.flush())
+            .is_err()
+        {
+            return std::process::ExitCode::from(1);
+        }
+    }
+    std::process::ExitCode::SUCCESS
 }
 
 /// A channel to `target` (`http://HOST:PORT`) that connects on first use, as gRPC
