@@ -24,9 +24,6 @@ use grpc::client::{
 use grpc::core::RequestHeaders;
 use grpc::credentials::LocalChannelCredentials;
 use prost::Message as _;
-use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
-use tonic::transport::Server;
 use tower_retry_hedge::config::ServiceConfig;
 use tower_retry_hedge::grpc_channel::RetryInterceptor;
 
@@ -35,8 +32,6 @@ mod echo_peer;
 #[path = "support/raw_message.rs"]
 mod raw_message;
 
-use echo_peer::FailsTwice;
-use echo_peer::pb::echo_server::EchoServer;
 use echo_peer::pb::{EchoReply, EchoRequest};
 use raw_message::{Raw, RawReply};
 
@@ -53,13 +48,7 @@ const CONFIG: &str = r#"{
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn Error + Send + Sync>> {
-    let listener = TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    let server = tokio::spawn(
-        Server::builder()
-            .add_service(EchoServer::new(FailsTwice::default()))
-            .serve_with_incoming(TcpListenerStream::new(listener)),
-    );
+    let (addr, server) = echo_peer::serve().await?;
 
     let config: ServiceConfig = CONFIG.parse()?;
     let interceptor = RetryInterceptor::new(config.policies());

@@ -12,9 +12,7 @@
 use std::error::Error;
 use std::time::Duration;
 
-use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
-use tonic::transport::{Endpoint, Server};
+use tonic::transport::Endpoint;
 use tower::ServiceBuilder;
 use tower_retry_hedge::backoff::Exponential;
 use tower_retry_hedge::classify::{Code, GrpcCodes};
@@ -24,20 +22,12 @@ use tower_retry_hedge::{Policies, RetryLayer, RetryPolicy, Throttle};
 #[path = "support/echo_peer.rs"]
 mod echo_peer;
 
-use echo_peer::FailsTwice;
 use echo_peer::pb::EchoRequest;
 use echo_peer::pb::echo_client::EchoClient;
-use echo_peer::pb::echo_server::EchoServer;
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn Error + Send + Sync>> {
-    let listener = TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    let server = tokio::spawn(
-        Server::builder()
-            .add_service(EchoServer::new(FailsTwice::default()))
-            .serve_with_incoming(TcpListenerStream::new(listener)),
-    );
+    let (addr, server) = echo_peer::serve().await?;
 
     // Up to 4 attempts, 10 ms backoff doubling up to 100 ms (±20 % jitter, as gRPC does),
     // UNAVAILABLE retryable, and A6's retry throttle.

@@ -5,8 +5,13 @@
 //! Included with `#[path = "support/echo_peer.rs"] mod echo_peer;`.
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::Mutex;
 
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::Server;
 use tonic::{Request, Response, Status};
 
 /// The code generated from `tests/proto/echo.proto` (package `test.echo`).
@@ -15,8 +20,22 @@ pub mod pb {
     include!("../../tests/common/pb/test.echo.rs");
 }
 
-use pb::echo_server::Echo;
+use pb::echo_server::{Echo, EchoServer};
 use pb::{Chunk, Digest, EchoReply, EchoRequest};
+
+/// Serves [`FailsTwice`] on 127.0.0.1 (a port the system picks): its address, and the
+/// server's task (abort it to stop the server).
+pub async fn serve()
+-> std::io::Result<(SocketAddr, JoinHandle<Result<(), tonic::transport::Error>>)> {
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let server = tokio::spawn(
+        Server::builder()
+            .add_service(EchoServer::new(FailsTwice::default()))
+            .serve_with_incoming(TcpListenerStream::new(listener)),
+    );
+    Ok((addr, server))
+}
 
 /// Fails the first two attempts of every call (by its `call` field) with `UNAVAILABLE`;
 /// `Unary` answers the third with an echo. `ServerStream` fails every attempt, and
