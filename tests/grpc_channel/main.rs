@@ -514,7 +514,7 @@ async fn a_non_fatal_failure_sends_the_next_hedge_at_once() {
 }
 
 #[tokio::test]
-async fn a_method_without_a_policy_goes_straight_through() {
+async fn a_method_without_a_policy_is_neither_retried_nor_hedged() {
     let peer = spawn_grpc(Script::always(Action::fail(Code::Unavailable))).await;
     let policies = hedge_config(3, "0.005s");
     let invoker = channel(&peer, &policies);
