@@ -225,6 +225,68 @@ fn a_span_per_call_and_an_event_per_retry() {
     assert!(resend_counts[1].ends_with("http.request.resend_count=2"));
 }
 
+/// A service config's unknown keys: one `WARN` naming the first ten with their near misses,
+/// counting the rest, bounded in length however many and however long the keys; nothing for
+/// a clean config, a strict parse, or a config that fails. It lives here rather than beside
+/// the parser because a parse on another test thread, with no subscriber, can cache the
+/// callsite's interest as "never" while a scoped subscriber is being set.
+#[test]
+fn unknown_config_keys_are_logged_once_at_warn() {
+    use tower_retry_hedge::ServiceConfig;
+
+    const TYPOS: &str = r#"{
+      "retryThrotling": {"maxTokens": 10, "tokenRatio": 0.1},
+      "methodConfig": [{
+        "name": [{"service": "pkg.Search", "methdo": "Query"}],
+        "hedgingPolicy": {"maxAttempts": 3, "hedgeDelay": "0.5s",
+                          "nonFatalStatusCodes": ["UNAVAILABLE"]}
+      }]
+    }"#;
+    let warnings = |seen: Vec<Seen>| -> Vec<Seen> {
+        assert!(seen.iter().all(|s| s.kind == "event"), "{seen:#?}");
+        seen
+    };
+
+    let seen = warnings(run(|| async {
+        ServiceConfig::from_json(TYPOS).unwrap();
+    }));
+    assert_eq!(seen.len(), 1, "{seen:#?}");
+    let event = &seen[0];
+    assert_eq!(event.name, "service config: unknown fields ignored");
+    assert_eq!(event.level, tracing::Level::WARN);
+    assert_eq!(event.value("count"), Some("3"));
+    assert_eq!(
+        event.value("keys"),
+        Some(
+            "retryThrotling (did you mean retryThrottling?), \
+             methodConfig[0].name[0].methdo (did you mean method?), \
+             methodConfig[0].hedgingPolicy.hedgeDelay (did you mean hedgingDelay?)"
+        )
+    );
+
+    // Bounded: a key of 100 000 characters and 19 999 more keys make one short line.
+    let keys: Vec<String> = std::iter::once(format!(r#""{}": 0"#, "k".repeat(100_000)))
+        .chain((1..20_000).map(|i| format!(r#""unknown{i}": {i}"#)))
+        .collect();
+    let hostile = format!("{{{}}}", keys.join(","));
+    let seen = warnings(run(|| async {
+        ServiceConfig::from_json(&hostile).unwrap();
+    }));
+    assert_eq!(seen.len(), 1, "{seen:#?}");
+    assert_eq!(seen[0].value("count"), Some("20000"));
+    let listed = seen[0].value("keys").unwrap();
+    assert!(listed.ends_with(", and 19990 more"), "{listed}");
+    assert!(listed.len() < 2000, "{} bytes", listed.len());
+
+    // Nothing for a clean config, a strict parse, or a config that fails.
+    let seen = warnings(run(|| async {
+        ServiceConfig::from_json(r#"{"methodConfig": []}"#).unwrap();
+        let _ = ServiceConfig::from_json_strict(TYPOS);
+        let _ = ServiceConfig::from_json(r#"{"x": 1, "retryThrottling": {}}"#);
+    }));
+    assert!(seen.is_empty(), "{seen:#?}");
+}
+
 #[test]
 fn each_attempt_has_a_span_with_a6_attributes_and_its_outcome() {
     let seen = run(|| async {

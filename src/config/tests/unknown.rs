@@ -1,9 +1,8 @@
-//! Keys gRPC does not define: listed with their path and a "did you mean", logged once,
-//! refused by a strict parse, named when they stand where a required field is missing,
-//! and bounded whatever the document.
+//! Keys gRPC does not define: listed with their path and a "did you mean", refused by a
+//! strict parse, named when they stand where a required field is missing, and bounded
+//! whatever the document. The warning they log is tested in `tests/tracing`, where the
+//! subscriber is the process-wide default.
 
-use std::io::Write;
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use crate::config::{IgnoredKey, Rule, ServiceConfig};
@@ -398,80 +397,4 @@ fn a_hostile_config_gives_bounded_output() {
     assert_eq!(error.rule(), &Rule::Missing);
     assert_eq!(error.near_miss(), Some("maxAttempt0"));
     assert!(error.to_string().len() < 200, "{error}");
-}
-
-/// A `MakeWriter` into a shared buffer, for the warning's text.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Captured {
-    fn lines(&self) -> Vec<String> {
-        let bytes = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        String::from_utf8_lossy(&bytes)
-            .lines()
-            .map(str::to_owned)
-            .collect()
-    }
-}
-
-/// What `parse` logs, one line per event.
-fn logged(parse: impl FnOnce()) -> Vec<String> {
-    let captured = Captured::default();
-    let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .with_max_level(tracing::Level::TRACE)
-        .finish();
-    tracing::subscriber::with_default(subscriber, parse);
-    captured.lines()
-}
-
-#[test]
-fn ignored_keys_are_logged_once_at_warn() {
-    let lines = logged(|| {
-        parse(TYPOS);
-    });
-    assert_eq!(lines.len(), 1, "{lines:#?}");
-    let line = &lines[0];
-    assert!(line.contains("WARN"), "{line}");
-    assert!(
-        line.contains("service config: unknown fields ignored"),
-        "{line}"
-    );
-    assert!(line.contains("count=9"), "{line}");
-    assert!(
-        line.contains("methodConfig[0].hedgingPolicy.hedgeDelay (did you mean hedgingDelay?)"),
-        "{line}"
-    );
-
-    // Bounded: ten keys named, the rest counted.
-    let lines = logged(|| {
-        parse(&hostile(20_000));
-    });
-    assert_eq!(lines.len(), 1);
-    assert!(lines[0].ends_with(", and 19992 more"), "{}", lines[0]);
-    assert!(lines[0].len() < 2000, "{} bytes", lines[0].len());
-
-    // Nothing for a clean config, a strict parse, or a config that fails.
-    let lines = logged(|| {
-        parse(&with_hedging(&hedging_policy(&[])));
-        let _ = ServiceConfig::from_json_strict(TYPOS);
-        let _ = ServiceConfig::from_json(r#"{"x": 1, "retryThrottling": {}}"#);
-    });
-    assert!(lines.is_empty(), "{lines:#?}");
 }
