@@ -172,9 +172,14 @@ fn hedge(max_attempts: u32, delay: &str) -> RetryInterceptor {
     RetryInterceptor::new(config.policies())
 }
 
-/// A unary call through `invoker`.
+/// A unary call to the policy's method through `invoker`.
 async fn unary(invoker: &impl Invoke, options: CallOptions) -> super::Seen {
-    let headers = RequestHeaders::new().with_method_name(METHOD);
+    unary_to(invoker, METHOD, options).await
+}
+
+/// A unary call to `method` through `invoker`.
+async fn unary_to(invoker: &impl Invoke, method: &str, options: CallOptions) -> super::Seen {
+    let headers = RequestHeaders::new().with_method_name(method);
     let (mut send, mut recv) = invoker.invoke(headers, options).await;
     send.send(
         &Raw(bytes::Bytes::from_static(b"m")),
@@ -353,16 +358,7 @@ async fn a_deadline_holds_for_a_method_without_a_policy() {
     let start = Instant::now();
     let mut options = CallOptions::new();
     options.set_deadline((start + Duration::from_millis(80)).into_std());
-    let headers = RequestHeaders::new().with_method_name("/test.echo.Other/Call");
-    let (mut send, mut recv) = invoker.invoke(headers, options).await;
-    send.send(
-        &Raw(bytes::Bytes::from_static(b"m")),
-        SendOptions::new().with_final_msg(true),
-    )
-    .await
-    .expect("queued");
-
-    let seen = read_all(&mut recv).await;
+    let seen = unary_to(&invoker, "/test.echo.Other/Call", options).await;
 
     assert_eq!(
         seen.code(),
