@@ -81,7 +81,9 @@ pub(crate) enum Admission {
     Send,
     /// The call is over, or the throttle refused: no counted attempt goes any more.
     Refused,
-    /// A hedge over its policy's budget: not sent, and no more hedges for this call.
+    /// A backup hedge over its policy's budget: not sent, and no more backups for this call.
+    /// The hedge owed to a later non-fatal failure still goes (it answers to the throttle
+    /// alone).
     OverBudget,
 }
 
@@ -225,6 +227,9 @@ struct RetryState {
     hedges: u32,
     /// Hedges not sent because the policy's hedge budget was spent.
     hedges_over_budget: u32,
+    /// The budget refused a backup: no more backups for this call. Nothing else stops:
+    /// the next non-fatal failure still sends its hedge at once.
+    no_backups: bool,
     /// How the call ends, decided and not yet given to the driver.
     ending: Option<End>,
     /// The latest counted attempt's per-attempt timeout (a policy with one makes this state
@@ -490,8 +495,9 @@ impl Engine {
     /// The service is ready for `send`, which [`poll`](Self::poll) gave: tells whether it
     /// may go. A counted send asks the throttle here, once, when it can really be sent (a
     /// budget withdraws when it says yes); a backup hedge asks its policy's hedge budget
-    /// first, and gets its hedge back if the throttle then refuses. A refusal stops the
-    /// counted attempts, and the call waits on those in flight.
+    /// first, and gets its hedge back if the throttle then refuses. The throttle's refusal
+    /// stops the counted attempts; the budget's stops the call's backups only. Either way
+    /// the call waits on the attempts in flight.
     pub(crate) fn admit(&mut self, send: Dispatch) -> Admission {
         if self.is_over() {
             return Admission::Refused;
@@ -513,9 +519,12 @@ impl Engine {
         };
         if budget.as_ref().is_some_and(|b| !b.try_hedge()) {
             tracing::debug!(attempt = self.sent + 1, "hedge over budget");
-            self.stopped = true;
+            // Only this call's backups stop: a budget governs the load hedges add, and the
+            // hedge owed to a non-fatal failure replaces an attempt instead of adding one.
             self.next = None;
-            self.retry_state().hedges_over_budget += 1;
+            let retry_state = self.retry_state();
+            retry_state.hedges_over_budget += 1;
+            retry_state.no_backups = true;
             return Admission::OverBudget;
         }
         if self.throttle_refuses() {
@@ -569,6 +578,7 @@ impl Engine {
         }
         if let Some(delay) = self.rules.hedging_delay()
             && self.may_count_another()
+            && !self.retry_state.as_ref().is_some_and(|t| t.no_backups)
         {
             self.next = Some(Pending {
                 at: Some(after(inputs.now(), delay)),

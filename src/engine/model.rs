@@ -271,6 +271,14 @@ struct Model {
     /// An attempt failed with a non-fatal code since the last counted send: the next hedge
     /// is its replacement.
     replaced_since_send: bool,
+    /// The set-up, for the rules that decide whether a hedge is owed.
+    setup: Setup,
+    /// Something other than the budget stopped the call's counted attempts: a pushback
+    /// "stop", or a service that failed.
+    stopped: bool,
+    /// A non-fatal failure owes the call its next hedge at once (A6), whatever the budget
+    /// refused before: the engine's next action must send it.
+    hedge_owed: bool,
 }
 
 impl Model {
@@ -301,7 +309,28 @@ impl Model {
             over_budget: 0,
             failed_since_send: false,
             replaced_since_send: false,
+            setup: setup.clone(),
+            stopped: false,
+            hedge_owed: false,
         }
+    }
+
+    /// Whether a non-fatal failure now owes the call its next hedge at once: a hedging call
+    /// with attempts left, nothing committed, a body that can be replayed, a request that
+    /// may be repeated, and nothing but the budget that could stop it (no throttle, no
+    /// deadline to fail fast on, no pushback "stop", no failed service).
+    fn owes_a_hedge(&self) -> bool {
+        let setup = &self.setup;
+        let counted = self.sends - self.transparent_sends;
+        setup.mode == 1
+            && setup.throttle.is_none()
+            && setup.deadline.is_none()
+            && setup.may_repeat
+            && setup.body != 2
+            && self.committed_attempt.is_none()
+            && self.body.committed.get().is_none()
+            && !self.stopped
+            && counted < setup.max_attempts
     }
 
     /// The hedges left in the budget (0 without one).
@@ -396,6 +425,7 @@ impl Model {
                     self.kept = Some(id);
                 }
                 Action::End(End::Last(id)) => {
+                    prop_assert!(!self.hedge_owed, "the call ended owing a hedge");
                     prop_assert_eq!(self.kept, Some(id), "the last failure is the kept one");
                     if let Some(Some(committed)) = self.committed_attempt {
                         prop_assert_eq!(committed, id, "a committed call ends with its attempt");
@@ -405,6 +435,11 @@ impl Model {
                 }
                 Action::End(End::DeadlineExceeded) => self.end(Ended::DeadlineExceeded)?,
                 Action::Wait(at) => {
+                    prop_assert!(
+                        !self.hedge_owed,
+                        "a non-fatal failure's hedge was not sent at once (over budget {})",
+                        self.over_budget
+                    );
                     self.due = None;
                     // Nothing in flight and nothing to wait for is a call that never ends.
                     let engine = &self.engine;
@@ -462,6 +497,10 @@ impl Model {
                         self.failed_since_send = true;
                         self.replaced_since_send |=
                             matches!(answer, Answer::Retryable | Answer::PushbackAfter(_));
+                        self.stopped |= matches!(answer, Answer::PushbackStop);
+                        if matches!(answer, Answer::Retryable) && self.owes_a_hedge() {
+                            self.hedge_owed = true;
+                        }
                     }
                     Verdict::Drop => {}
                 }
@@ -481,6 +520,7 @@ impl Model {
                 let reader = self.readers[i % self.readers.len()];
                 self.body.committed.set(Some(reader));
                 self.committed_attempt = Some(self.attempt_of(reader));
+                self.hedge_owed = false;
                 self.engine.on_commit(reader);
             }
             Event::DropCutOff => {
@@ -498,6 +538,8 @@ impl Model {
                 match ready {
                     Ready::No => return Ok(()),
                     Ready::Fails => {
+                        self.stopped = true;
+                        self.hedge_owed = false;
                         if self.engine.on_service_error() {
                             prop_assert!(self.held.is_empty());
                             self.end(Ended::ServiceError)?;
@@ -508,6 +550,7 @@ impl Model {
                         if self.admit(send)? == Admission::Send {
                             if self.recorded && self.body.committed.get().is_some() {
                                 // The body cannot be copied: the driver reports the commit.
+                                self.hedge_owed = false;
                                 let reader = self.body.committed.get().unwrap_or_default();
                                 self.engine.on_commit(reader);
                             } else {
@@ -519,6 +562,7 @@ impl Model {
                                 if !send.transparent {
                                     self.failed_since_send = false;
                                     self.replaced_since_send = false;
+                                    self.hedge_owed = false;
                                 }
                                 prop_assert_eq!(id.send, self.sends);
                                 self.held.push((id, reader));

@@ -14,8 +14,8 @@ use crate::error::BuildError;
 /// gRFC A6 gates hedges only on failures (the throttle). A backend that turns slow for every
 /// call (overload, a GC pause, a slow disk) fails nothing, so a fixed hedging delay then sends
 /// up to `maxAttempts` copies of every call, exactly when the fleet can least take them. With
-/// a budget, a hedge over it is not sent: the call keeps waiting on the attempts in flight,
-/// and the refusal is counted (`MethodSnapshot::hedges_over_budget`, and with the
+/// a budget, a backup over it is not sent: the call keeps waiting on the attempts in flight
+/// and sends no more backups, and the refusal is counted (`MethodSnapshot::hedges_over_budget`, and with the
 /// `opentelemetry` feature the `tower_retry_hedge.hedges_over_budget` counter). "The Tail at
 /// Scale" (Dean and Barroso) keeps hedges to a few percent of the load; Finagle's default is
 /// 1 %.

@@ -12,8 +12,11 @@ use grpc::core::{RecvMessage, RequestHeaders, ResponseHeaders, SendMessage, Trai
 use grpc::metadata::MetadataMap;
 use grpc::{StatusCodeError, StatusError};
 use tokio::time::Instant;
+use tower_retry_hedge::classify::{Code, GrpcCodes};
 use tower_retry_hedge::config::ServiceConfig;
 use tower_retry_hedge::grpc_channel::RetryInterceptor;
+use tower_retry_hedge::throttle::HedgeBudget;
+use tower_retry_hedge::{HedgePolicy, Policies};
 
 use super::{Raw, read_all};
 
@@ -24,6 +27,8 @@ const METHOD: &str = "/test.echo.Echo/Unary";
 enum Answer {
     /// A Trailers-Only failure, with a raw `grpc-retry-pushback-ms` if any.
     Fail(StatusCodeError, Option<&'static str>),
+    /// A Trailers-Only failure after this long.
+    FailAfter(Duration, StatusCodeError),
     /// Response headers, then OK.
     Ok,
     /// Nothing, ever.
@@ -111,6 +116,10 @@ impl RecvStream for Scripted1 {
         self.step += 1;
         match (&self.answer, self.step) {
             (Answer::Hang, _) => std::future::pending().await,
+            (Answer::FailAfter(after, code), 1) => {
+                tokio::time::sleep(*after).await;
+                ResponseStreamItem::Trailers(Trailers::new(Err(StatusError::new(*code, "scripted"))))
+            }
             (Answer::Fail(code, pushback), 1) => {
                 let mut metadata = MetadataMap::new();
                 if let Some(pushback) = pushback {
@@ -131,7 +140,7 @@ impl Drop for Scripted1 {
     fn drop(&mut self) {
         let ended = match self.answer {
             Answer::Hang => false,
-            Answer::Fail(..) => self.step >= 1,
+            Answer::Fail(..) | Answer::FailAfter(..) => self.step >= 1,
             Answer::Ok => self.step >= 2,
         };
         if !ended {
@@ -238,6 +247,42 @@ async fn a_hedge_that_wins_drops_the_other_attempts() {
     // The second attempt answered at once: no third was sent.
     assert_eq!(times, [Duration::ZERO, Duration::from_millis(10)]);
     assert_eq!(log.dropped, [0], "the first attempt was cancelled");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_backup_the_budget_refuses_leaves_the_hedge_a_failure_owes() {
+    // 3 attempts 150 ms apart, a budget with no hedges, no throttle: the backup due at
+    // 150 ms is refused, and the first attempt's UNAVAILABLE at 300 ms still sends the
+    // second at once, which answers OK.
+    let policy = HedgePolicy::builder()
+        .max_attempts(3)
+        .delay(Duration::from_millis(150))
+        .non_fatal(GrpcCodes::from([Code::Unavailable]))
+        .budget(HedgeBudget::new(Duration::from_secs(10), 0, 0.0).expect("valid"))
+        .build()
+        .expect("valid");
+    let policies = Policies::builder()
+        .service("test.echo.Echo", policy)
+        .build();
+    let channel = Scripted::new([
+        Answer::FailAfter(Duration::from_millis(300), StatusCodeError::Unavailable),
+        Answer::Ok,
+    ]);
+    let invoker = channel
+        .clone()
+        .with_interceptor(RetryInterceptor::new(policies.clone()));
+    let start = Instant::now();
+
+    let seen = unary(&invoker, CallOptions::new()).await;
+
+    assert!(seen.status.is_ok(), "{seen:?}");
+    assert_eq!(Instant::now() - start, Duration::from_millis(300));
+    assert_eq!(seen.previous_attempts().as_deref(), Some("1"));
+    let log = channel.log();
+    let times: Vec<Duration> = log.started.iter().map(|(at, _)| *at - start).collect();
+    assert_eq!(times, [Duration::ZERO, Duration::from_millis(300)]);
+    let snapshot = policies.stats().snapshot();
+    assert_eq!(snapshot.methods[METHOD].hedges_over_budget, 1);
 }
 
 #[tokio::test(start_paused = true)]

@@ -31,6 +31,18 @@ fn scripted(
     impl tower::Service<Req, Response = Res, Error = BoxError, Future: Send> + Clone,
     Arc<AtomicUsize>,
 ) {
+    let answer = move |number| (after, answer(number));
+    scripted_by_attempt(answer)
+}
+
+/// A service whose every attempt answers what `answer` gives for the attempt's number (1
+/// for the first), after the delay it gives; it counts the attempts it got.
+fn scripted_by_attempt(
+    answer: impl Fn(u32) -> (Duration, Res) + Clone + Send + 'static,
+) -> (
+    impl tower::Service<Req, Response = Res, Error = BoxError, Future: Send> + Clone,
+    Arc<AtomicUsize>,
+) {
     let attempts = Arc::new(AtomicUsize::new(0));
     let counted = Arc::clone(&attempts);
     let service = tower::service_fn(move |request: Req| {
@@ -39,12 +51,79 @@ fn scripted(
             .extensions()
             .get::<AttemptInfo>()
             .map_or(1, |i| i.number);
+        let (after, response) = answer(number);
         async move {
             tokio::time::sleep(after).await;
-            Ok::<_, BoxError>(answer(number))
+            Ok::<_, BoxError>(response)
         }
     });
     (service, attempts)
+}
+
+/// The first attempt fails UNAVAILABLE after 300 ms; every later one answers OK after 10 ms.
+fn first_fails_slowly(number: u32) -> (Duration, Res) {
+    match number {
+        1 => (ms(300), trailers_only(Code::Unavailable, None)),
+        _ => (ms(10), grpc_ok()),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_backup_the_budget_refuses_leaves_the_hedge_a_failure_owes() {
+    // 3 attempts 150 ms apart, a budget with no hedges, no throttle: the backup due at
+    // 150 ms is refused, and the first attempt's UNAVAILABLE at 300 ms still sends the
+    // second at once, which answers OK.
+    let budget = HedgeBudget::new(Duration::from_secs(10), 0, 0.0).unwrap();
+    let policy = HedgePolicy::builder()
+        .max_attempts(3)
+        .delay(ms(150))
+        .non_fatal(GrpcCodes::from([Code::Unavailable]))
+        .budget(budget)
+        .build()
+        .unwrap();
+    let policies = Policies::builder().service(SERVICE, policy).build();
+    let (service, sent) = scripted_by_attempt(|number| match number {
+        1 => (ms(300), trailers_only(Code::Unavailable, None)),
+        _ => (Duration::ZERO, grpc_ok()),
+    });
+    let svc = HedgeLayer::new(policies.clone()).layer(service);
+    let start = Instant::now();
+    let response = svc.oneshot(grpc_request()).await.unwrap();
+    assert_eq!(grpc_status(&response), Some("0"));
+    assert_eq!(Instant::now() - start, ms(300));
+    assert_eq!(attempts(&response).sent(), 2);
+    assert_eq!(attempts(&response).counted(), 2);
+    assert_eq!(sent.load(Ordering::SeqCst), 2);
+    let snapshot = policies.stats().snapshot();
+    assert_eq!(snapshot.methods[METHOD].hedges_over_budget, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_json_defaults_a_hundred_slow_failures_all_succeed() {
+    // `hedgingDelay` 100 ms, 3 attempts, the JSON default budget, 100 calls at once whose
+    // first attempts fail UNAVAILABLE at 300 ms. The budget lets a share of the backups at
+    // 100 ms through; every other call sends its second attempt when the first fails, and
+    // all 100 succeed, as A6 says.
+    let policies = json_hedging(3, "0.1s");
+    let (service, sent) = scripted_by_attempt(first_fails_slowly);
+    let svc = HedgeLayer::new(policies.clone()).layer(service);
+    let mut calls = tokio::task::JoinSet::new();
+    for _ in 0..100 {
+        calls.spawn(svc.clone().oneshot(grpc_request()));
+    }
+    let mut ok = 0;
+    while let Some(done) = calls.join_next().await {
+        let response = done.unwrap().unwrap();
+        if grpc_status(&response) == Some("0") {
+            ok += 1;
+        }
+    }
+    assert_eq!(ok, 100, "calls that succeeded");
+    let snapshot = policies.stats().snapshot();
+    let over = snapshot.methods[METHOD].hedges_over_budget;
+    assert!(over > 0, "the budget refused some backups");
+    // Each call sent its backup or its replacement, not both for a refused one.
+    assert_eq!(sent.load(Ordering::SeqCst), 200);
 }
 
 #[tokio::test(start_paused = true)]

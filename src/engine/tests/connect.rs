@@ -189,6 +189,104 @@ fn a_backup_due_on_the_delay_becomes_a_replacement_when_the_attempt_fails_first(
 }
 
 #[test]
+fn a_backup_over_budget_does_not_stop_the_hedge_a_non_fatal_failure_owes() {
+    // The case: 3 attempts 150 ms apart, a budget with no hedges, no throttle. The
+    // backup at 150 ms is refused; the first attempt fails UNAVAILABLE at 300 ms, and the
+    // second goes at once, as A6 says, and answers OK: 2 attempts.
+    let (policy, budget) = budgeted(3, ms(150), 0.0);
+    let mut engine = engine_of(rules(Mode::Hedge(policy, ms(150)), 3, None), None);
+    assert_eq!(poll(&mut engine, t0()), Action::Wait(Some(t0() + ms(150))));
+    let Action::Send(send) = poll(&mut engine, t0() + ms(150)) else {
+        panic!("the backup is due")
+    };
+    assert_eq!(engine.admit(send), Admission::OverBudget);
+    assert_eq!(poll(&mut engine, t0() + ms(150)), Action::Wait(None));
+    assert_eq!(
+        answer(&mut engine, AttemptId::FIRST, RETRYABLE, t0() + ms(300)),
+        Verdict::Keep
+    );
+    let Action::Send(send) = poll(&mut engine, t0() + ms(300)) else {
+        panic!("the hedge owed to the failure goes at once")
+    };
+    assert!(send.hedge && !send.transparent);
+    assert_eq!(engine.admit(send), Admission::Send);
+    let second = sent(&mut engine, send, t0() + ms(300));
+    assert_eq!(second.number, 2);
+    // The refusal still holds for backups: nothing is due on the delay beside the second.
+    assert_eq!(poll(&mut engine, t0() + ms(450)), Action::Wait(None));
+    assert_eq!(
+        answer(&mut engine, second, Outcome::Success, t0() + ms(320)),
+        Verdict::Return
+    );
+    assert_eq!(engine.attempts(), Attempts::new(2, 0));
+    assert_eq!(budget.remaining(), 0);
+    assert_eq!(engine.extra().map(|e| e.hedges_over_budget), Some(1));
+}
+
+#[test]
+fn after_a_refused_backup_every_non_fatal_failure_still_sends_the_next_hedge() {
+    // Up to maxAttempts, one replacement per failure; then the last failure is the answer.
+    let (policy, _budget) = budgeted(3, ms(10), 0.0);
+    let mut engine = engine_of(rules(Mode::Hedge(policy, ms(10)), 3, None), None);
+    poll(&mut engine, t0());
+    let Action::Send(send) = poll(&mut engine, t0() + ms(10)) else {
+        panic!("the backup is due")
+    };
+    assert_eq!(engine.admit(send), Admission::OverBudget);
+    let mut attempt = AttemptId::FIRST;
+    for n in 2..=3 {
+        assert_eq!(
+            answer(&mut engine, attempt, RETRYABLE, t0() + ms(20)),
+            Verdict::Keep
+        );
+        let Action::Send(send) = poll(&mut engine, t0() + ms(20)) else {
+            panic!("hedge {n} goes at once")
+        };
+        assert_eq!(engine.admit(send), Admission::Send);
+        attempt = sent(&mut engine, send, t0() + ms(20));
+        assert_eq!(attempt.number, n);
+    }
+    assert_eq!(
+        answer(&mut engine, attempt, RETRYABLE, t0() + ms(30)),
+        Verdict::Keep
+    );
+    assert_eq!(
+        poll(&mut engine, t0() + ms(30)),
+        Action::End(End::Last(attempt))
+    );
+}
+
+#[test]
+fn a_refused_backup_leaves_the_fatal_and_pushback_rules_as_they_were() {
+    // A fatal code still ends the call, and a pushback "stop" still stops the hedges.
+    let (policy, _budget) = budgeted(3, ms(10), 0.0);
+    let refused = |engine: &mut Engine| {
+        poll(engine, t0());
+        let Action::Send(send) = poll(engine, t0() + ms(10)) else {
+            panic!("the backup is due")
+        };
+        assert_eq!(engine.admit(send), Admission::OverBudget);
+    };
+    let mut engine = engine_of(rules(Mode::Hedge(policy.clone(), ms(10)), 3, None), None);
+    refused(&mut engine);
+    assert_eq!(
+        answer(&mut engine, AttemptId::FIRST, Outcome::Fatal(None), t0() + ms(20)),
+        Verdict::Return
+    );
+    let mut engine = engine_of(rules(Mode::Hedge(policy, ms(10)), 3, None), None);
+    refused(&mut engine);
+    let stop = Outcome::Retryable(Some(Pushback::Stop));
+    assert_eq!(
+        answer(&mut engine, AttemptId::FIRST, stop, t0() + ms(20)),
+        Verdict::Keep
+    );
+    assert_eq!(
+        poll(&mut engine, t0() + ms(20)),
+        Action::End(End::Last(AttemptId::FIRST))
+    );
+}
+
+#[test]
 fn a_backup_the_throttle_refuses_costs_the_budget_nothing() {
     // Four calls at 50 %: two hedges in the budget. The A6 bucket is at half, so it refuses
     // every hedge; none is sent, and the budget keeps both.
