@@ -15,10 +15,11 @@ use crate::error::BuildError;
 /// call (overload, a GC pause, a slow disk) fails nothing, so a fixed hedging delay then sends
 /// up to `maxAttempts` copies of every call, exactly when the fleet can least take them. With
 /// a budget, a backup over it is not sent: the call keeps waiting on the attempts in flight
-/// and sends no more backups, and the refusal is counted (`MethodSnapshot::hedges_over_budget`, and with the
-/// `opentelemetry` feature the `tower_retry_hedge.hedges_over_budget` counter). "The Tail at
-/// Scale" (Dean and Barroso) keeps hedges to a few percent of the load; Finagle's default is
-/// 1 %.
+/// and sends no more backups (a non-fatal failure still sends its next hedge at once, as A6
+/// says), and the refusal is counted (`MethodSnapshot::hedges_over_budget`, and with the
+/// `opentelemetry` feature the `tower_retry_hedge.hedges_over_budget` counter). "The Tail
+/// at Scale" (Dean and Barroso) keeps hedges to a few percent of the load; Finagle's
+/// default is 1 %.
 ///
 /// Give it to a hedging policy ([`HedgePolicyBuilder::budget`]); clones share one window, so
 /// one budget can also be shared by several policies. Policies made from service-config JSON
