@@ -140,6 +140,7 @@ pub mod metadata;
 mod metrics;
 pub mod policy;
 pub mod pushback;
+mod resets;
 pub mod retry;
 pub mod stats;
 pub mod telemetry;

@@ -97,6 +97,9 @@ pub(crate) struct MethodStats {
     retry_failures: AtomicU64,
     histogram: [AtomicU64; 8],
     hedges_over_budget: AtomicU64,
+    attempts_let_finish: AtomicU64,
+    resets_over_limit: AtomicU64,
+    reset_guard_failures: AtomicU64,
 }
 
 impl MethodStats {
@@ -117,13 +120,33 @@ impl MethodStats {
         self.hedges_over_budget.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Records how an attempt the call no longer needed was stopped, when it was not reset
+    /// within the table's limit.
+    pub(crate) fn record_stop(&self, stop: crate::resets::Stop) {
+        let counter = match stop {
+            crate::resets::Stop::Reset => return,
+            crate::resets::Stop::Finish => &self.attempts_let_finish,
+            crate::resets::Stop::ResetOverLimit => &self.resets_over_limit,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Records that an attempt failed because an HTTP/2 reset guard closed its connection.
+    pub(crate) fn record_reset_guard_failure(&self) {
+        self.reset_guard_failures.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// The current values.
     pub(crate) fn snapshot(&self) -> MethodSnapshot {
+        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
         MethodSnapshot {
-            retry_attempts: self.retry_attempts.load(Ordering::Relaxed),
-            retry_failures: self.retry_failures.load(Ordering::Relaxed),
-            histogram: std::array::from_fn(|i| self.histogram[i].load(Ordering::Relaxed)),
-            hedges_over_budget: self.hedges_over_budget.load(Ordering::Relaxed),
+            retry_attempts: load(&self.retry_attempts),
+            retry_failures: load(&self.retry_failures),
+            histogram: std::array::from_fn(|i| load(&self.histogram[i])),
+            hedges_over_budget: load(&self.hedges_over_budget),
+            attempts_let_finish: load(&self.attempts_let_finish),
+            resets_over_limit: load(&self.resets_over_limit),
+            reset_guard_failures: load(&self.reset_guard_failures),
         }
     }
 }
@@ -141,6 +164,19 @@ pub struct MethodSnapshot {
     pub histogram: [u64; 8],
     /// Hedges not sent because the policy's hedge budget was spent (beyond A6).
     pub hedges_over_budget: u64,
+    /// Attempts the call no longer needed (hedges that lost, attempts cut off or past the
+    /// deadline) that were let finish, their answers dropped, instead of having their
+    /// HTTP/2 streams reset: the table's resets of the last second were spent, or their
+    /// request bodies were still streaming (see
+    /// [`PoliciesBuilder::resets_per_second`](crate::policy::PoliciesBuilder::resets_per_second)).
+    pub attempts_let_finish: u64,
+    /// Attempts no longer needed that were reset although the table's resets of the last
+    /// second were spent: no more could be let finish, or they ran too long.
+    pub resets_over_limit: u64,
+    /// Attempts that failed because an HTTP/2 rapid-reset guard closed their connection
+    /// (`too_many_internal_resets` on the client, `too_many_resets` from the server); each
+    /// time, a `WARN` event names the setting.
+    pub reset_guard_failures: u64,
 }
 
 impl MethodSnapshot {

@@ -28,7 +28,7 @@ pub type Body = Full<Bytes>;
 /// The request every peer sends.
 pub type Req = Request<Body>;
 /// The response every downstream gives: the status is in the headers (Trailers-Only).
-pub type Res = Response<()>;
+pub type Res = Response<http_body_util::Empty<Bytes>>;
 
 /// A current-thread runtime on tokio's paused clock: time jumps to the next timer as soon as
 /// every task is idle, so hours of simulated time take milliseconds.
@@ -53,7 +53,7 @@ pub fn grpc_request() -> Req {
 
 /// A Trailers-Only gRPC response with status `code` (`0` is OK, `14` UNAVAILABLE).
 pub fn trailers_only(code: u8) -> Res {
-    let mut response = Response::new(());
+    let mut response = Response::new(http_body_util::Empty::new());
     let headers = response.headers_mut();
     headers.insert(
         http::header::CONTENT_TYPE,

@@ -19,14 +19,63 @@ use crate::classify::AttemptResult;
 use crate::engine::{Action, Admission, AttemptId, Dispatch, End, Engine, Inputs, Verdict};
 use crate::error::BoxError;
 use crate::error::{attempt_timed_out, deadline_exceeded};
+use crate::resets::Stop;
 use crate::stats::MethodStats;
 use crate::telemetry::{AttemptFields, AttemptSpans};
 
-/// An attempt after the first: boxed, so that the list can grow and shrink under it.
+/// An attempt after the first: boxed, so that the list can grow and shrink under it, and
+/// so that it can be let finish on a task of its own once the call no longer needs it.
 struct Attempt<F> {
     id: AttemptId,
     sent_at: std::time::Instant,
     future: Pin<Box<F>>,
+}
+
+pin_project! {
+    /// The first attempt's future.
+    #[project = FirstProj]
+    enum First<F> {
+        // In place, for a call that never stops its first attempt while it runs (a retry
+        // policy without a deadline or a per-attempt timeout): it allocates nothing for it.
+        Inline { #[pin] future: F },
+        // Boxed, for a call that may stop it (a hedge that loses, a deadline): so that it can
+        // be let finish on a task of its own (see `crate::resets`).
+        Boxed { future: Option<Pin<Box<F>>> },
+        Gone,
+    }
+}
+
+impl<F: Future> First<F> {
+    fn new(future: F, boxed: bool) -> First<F> {
+        match boxed {
+            true => First::Boxed {
+                future: Some(Box::pin(future)),
+            },
+            false => First::Inline { future },
+        }
+    }
+
+    fn is_some(&self) -> bool {
+        !matches!(self, First::Gone)
+    }
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Option<Poll<F::Output>> {
+        match self.project() {
+            FirstProj::Inline { future } => Some(future.poll(cx)),
+            FirstProj::Boxed { future } => future.as_mut().map(|f| f.as_mut().poll(cx)),
+            FirstProj::Gone => None,
+        }
+    }
+
+    /// Takes the future out, if it is boxed; one in place is dropped.
+    fn take(mut self: Pin<&mut Self>) -> Option<Pin<Box<F>>> {
+        let boxed = match self.as_mut().project() {
+            FirstProj::Boxed { future } => future.take(),
+            _ => None,
+        };
+        self.set(First::Gone);
+        boxed
+    }
 }
 
 pin_project! {
@@ -37,10 +86,10 @@ pin_project! {
         S: Service<Request<B>>,
         B: Replay,
     {
-        // The first attempt, in place: a call answered by it allocates nothing more than
-        // the box of the rest.
+        // The first attempt: in place where the call never stops it while it runs, so that
+        // a call answered by it allocates nothing more than the box of the rest.
         #[pin]
-        first: Option<S::Future>,
+        first: First<S::Future>,
         // Boxed: a few hundred bytes, which a future would otherwise carry (and copy) through
         // every layer above it.
         state: Box<CallExtras<S, B>>,
@@ -51,12 +100,18 @@ pin_project! {
         S: Service<Request<B>>,
         B: Replay,
     {
-        // The call's metrics are recorded once, when it ends: returned or dropped.
+        // The call's metrics are recorded once, when it ends: returned or dropped. A call
+        // dropped by its caller resets every attempt in flight, which the table's window of
+        // stream resets counts.
         fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
+            let in_flight = usize::from(this.first.is_some())
+                + this.state.later.as_ref().map_or(0, |later| later.attempts.len());
+            if in_flight > 0 {
+                this.state.shared.policies.stream_resets().count_resets(in_flight);
+            }
             #[cfg(feature = "opentelemetry")]
-            record_metrics(this.project().state);
-            #[cfg(not(feature = "opentelemetry"))]
-            let _ = this;
+            record_metrics(this.state);
         }
     }
 }
@@ -91,10 +146,25 @@ where
         policies.stats().method(key)
     }
 
-    /// Drops the later attempts `drop` picks: dropping an attempt's future cancels it.
-    fn drop_attempts(&mut self, drop: impl Fn(AttemptId) -> bool) {
-        if let Some(later) = &mut self.later {
-            later.attempts.retain(|a| !drop(a.id));
+    /// Stops an attempt the call no longer needs (`future`, if it can be moved): resets its
+    /// stream by dropping it, or lets it finish on a task of its own, as the table's window
+    /// of stream resets says (see `crate::resets`).
+    fn stop<RB>(&self, future: Option<Pin<Box<S::Future>>>)
+    where
+        S: Service<Request<B>, Response = Response<RB>>,
+        S::Future: Send + 'static,
+        RB: http_body::Body + Send + 'static,
+    {
+        let resets = self.shared.policies.stream_resets();
+        let stop = resets.stop(future.is_some());
+        if stop == Stop::Reset {
+            return;
+        }
+        let stats = self.method_stats();
+        stats.record_stop(stop);
+        if let (Stop::Finish, Some(future)) = (stop, future) {
+            let deadline = self.engine.deadline().map(tokio::time::Instant::from_std);
+            crate::resets::finish(resets, future, deadline, stats);
         }
     }
 }
@@ -191,7 +261,7 @@ where
     /// A call whose first attempt, `first`, was just sent.
     pub(crate) fn new(first: S::Future, state: Box<CallExtras<S, B>>) -> Self {
         Driver {
-            first: Some(first),
+            first: First::new(first, state.engine.may_stop_first()),
             state,
         }
     }
@@ -203,6 +273,8 @@ impl<S, B, RB> Future for Driver<S, B>
 where
     S: Service<Request<B>, Response = Response<RB>> + Clone,
     S::Error: Into<BoxError>,
+    S::Future: Send + 'static,
+    RB: http_body::Body + Send + 'static,
     B: Replay,
 {
     type Output = Output<RB>;
@@ -257,15 +329,17 @@ fn poll_attempts<S, B, RB>(
 where
     S: Service<Request<B>, Response = Response<RB>> + Clone,
     S::Error: Into<BoxError>,
+    S::Future: Send + 'static,
+    RB: http_body::Body + Send + 'static,
     B: Replay,
 {
-    if let Some(first) = this.first.as_mut().as_pin_mut() {
+    if this.first.is_some() {
         let spans = this.state.spans.as_deref();
         let entered = spans.and_then(|s| s.enter(AttemptId::FIRST.send));
-        let polled = first.poll(cx);
+        let polled = this.first.as_mut().poll(cx);
         drop(entered);
-        if let Poll::Ready(result) = polled {
-            this.first.set(None);
+        if let Some(Poll::Ready(result)) = polled {
+            this.first.set(First::Gone);
             let sent_at = this.state.first_sent_at;
             let done = answer(this, AttemptId::FIRST, sent_at, result, inputs);
             if done.is_some() {
@@ -307,6 +381,8 @@ fn act<S, B, RB>(
 where
     S: Service<Request<B>, Response = Response<RB>> + Clone,
     S::Error: Into<BoxError>,
+    S::Future: Send + 'static,
+    RB: http_body::Body + Send + 'static,
     B: Replay,
 {
     loop {
@@ -319,21 +395,20 @@ where
             Action::Cancel => {
                 let state = &mut **this.state;
                 let engine = &state.engine;
-                if this.first.is_some() && !engine.is_live(AttemptId::FIRST) {
-                    this.first.set(None);
+                let live = |id| engine.is_live(id);
+                for future in take_attempts(this.first.as_mut(), &mut state.later, live) {
+                    state.stop(future);
                 }
-                if let Some(later) = &mut state.later {
-                    later.attempts.retain(|a| engine.is_live(a.id));
-                }
+                let engine = &state.engine;
                 if let Some(spans) = &mut state.spans {
                     spans.cancelled(|send| !engine.is_live_send(send));
                 }
             }
             Action::TimedOut(id) => {
-                if id == AttemptId::FIRST {
-                    this.first.set(None);
-                } else {
-                    this.state.drop_attempts(|a| a == id);
+                let state = &mut **this.state;
+                let stopped = take_attempts(this.first.as_mut(), &mut state.later, |a| a != id);
+                for future in stopped {
+                    state.stop(future);
                 }
                 if let Some(spans) = &mut this.state.spans {
                     spans.timed_out(id.send);
@@ -374,6 +449,8 @@ fn send_attempt<S, B, RB>(
 where
     S: Service<Request<B>, Response = Response<RB>> + Clone,
     S::Error: Into<BoxError>,
+    S::Future: Send + 'static,
+    RB: http_body::Body + Send + 'static,
     B: Replay,
 {
     let state = &mut **this.state;
@@ -432,6 +509,8 @@ fn poll_service<S, B, RB>(
 where
     S: Service<Request<B>, Response = Response<RB>> + Clone,
     S::Error: Into<BoxError>,
+    S::Future: Send + 'static,
+    RB: http_body::Body + Send + 'static,
     B: Replay,
 {
     let later = LaterAttempts::of(&mut state.later);
@@ -464,11 +543,16 @@ fn end_call<S, B, RB>(this: &mut Proj<'_, S, B>, end: End) -> Output<RB>
 where
     S: Service<Request<B>, Response = Response<RB>>,
     S::Error: Into<BoxError>,
+    S::Future: Send + 'static,
+    RB: http_body::Body + Send + 'static,
     B: Replay,
 {
-    this.first.set(None);
-    // Every attempt is dropped with what the call kept beyond its first.
-    let last = this.state.later.take().and_then(|later| later.last);
+    let state = &mut **this.state;
+    let stopped = take_attempts(this.first.as_mut(), &mut state.later, |_| false);
+    for future in stopped {
+        state.stop(future);
+    }
+    let last = state.later.take().and_then(|later| later.last);
     let engine = &this.state.engine;
     let (result, from) = match end {
         End::Last(id) => (last.unwrap_or_else(|| Err(no_result())), Some(id)),
@@ -517,9 +601,24 @@ fn answer<S, B, RB>(
 where
     S: Service<Request<B>, Response = Response<RB>>,
     S::Error: Into<BoxError>,
+    S::Future: Send + 'static,
+    RB: http_body::Body + Send + 'static,
     B: Replay,
 {
     let result = result.map_err(Into::into);
+    if let Err(error) = &result {
+        let error: &(dyn std::error::Error + 'static) = &**error;
+        if this
+            .state
+            .shared
+            .policies
+            .stream_resets()
+            .guard_of(error)
+            .is_some()
+        {
+            this.state.method_stats().record_reset_guard_failure();
+        }
+    }
     let view = match &result {
         Ok(response) => AttemptResult::Response {
             status: response.status(),
@@ -547,7 +646,10 @@ where
             {
                 delay.record(inputs.now().saturating_duration_since(sent_at));
             }
-            this.first.set(None);
+            let stopped = take_attempts(this.first.as_mut(), &mut state.later, |_| false);
+            for future in stopped {
+                state.stop(future);
+            }
             state.later = None;
             let grpc = state.engine.grpc();
             let engine = &state.engine;
@@ -564,4 +666,28 @@ where
         }
         Verdict::Drop => None,
     }
+}
+
+/// What [`take_attempts`] takes: each attempt's future, if it can be moved (the first
+/// attempt in place cannot, and is dropped).
+type Stopped<F> = Vec<Option<Pin<Box<F>>>>;
+
+/// Takes out of the call the attempts in flight that `keep` does not keep.
+fn take_attempts<S, B>(
+    first: Pin<&mut First<S::Future>>,
+    later: &mut Option<Box<LaterAttempts<S, B>>>,
+    keep: impl Fn(AttemptId) -> bool,
+) -> Stopped<S::Future>
+where
+    S: Service<Request<B>>,
+{
+    let mut stopped = Vec::new();
+    if first.is_some() && !keep(AttemptId::FIRST) {
+        stopped.push(first.take());
+    }
+    if let Some(later) = later {
+        let taken = later.attempts.extract_if(.., |a| !keep(a.id));
+        stopped.extend(taken.map(|a| Some(a.future)));
+    }
+    stopped
 }

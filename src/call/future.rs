@@ -69,6 +69,8 @@ impl<S, B, RB> Future for ResponseFuture<S, B>
 where
     S: Service<Request<B>, Response = Response<RB>> + Clone,
     S::Error: Into<BoxError>,
+    S::Future: Send + 'static,
+    RB: http_body::Body + Send + 'static,
     B: Replay,
 {
     type Output = Result<Response<RB>, BoxError>;

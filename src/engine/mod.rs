@@ -379,6 +379,15 @@ impl Engine {
         self.deadline
     }
 
+    /// Whether the engine may stop the first attempt while it runs: a hedging policy (a
+    /// hedge that wins stops it), a deadline, or a per-attempt timeout. The driver keeps
+    /// such a first attempt where it can be let finish on a task of its own.
+    pub(crate) fn may_stop_first(&self) -> bool {
+        self.rules.hedging_delay().is_some()
+            || self.deadline.is_some()
+            || self.rules.per_attempt_timeout().is_some()
+    }
+
     /// Whether the engine still waits for attempt `id`'s answer.
     pub(crate) fn is_live(&self, id: AttemptId) -> bool {
         self.live.contains(id)

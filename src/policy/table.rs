@@ -10,6 +10,7 @@ use http::{Method, Request};
 
 use super::{DEFAULT_MAX_ATTEMPTS_CAP, DEFAULT_MAX_PUSHBACK, MethodPolicy};
 use crate::body::BufferLimits;
+use crate::resets::StreamResets;
 use crate::stats::Stats;
 use crate::throttle::HedgeBudget;
 use crate::throttle::{
@@ -121,6 +122,7 @@ struct RouteTable {
     track_backends: bool,
     transparent_retries: bool,
     stats: Stats,
+    resets: Arc<StreamResets>,
     #[cfg(feature = "opentelemetry")]
     metrics: Option<crate::metrics::RetryMetrics>,
 }
@@ -164,6 +166,7 @@ impl Policies {
             track_backends: false,
             transparent_retries: true,
             hedge_budget: None,
+            resets_per_second: Some(crate::resets::DEFAULT_PER_SECOND),
             #[cfg(feature = "opentelemetry")]
             metrics: None,
         }
@@ -346,6 +349,17 @@ impl Policies {
         &self.0.stats
     }
 
+    /// The stream resets per second the layers allow themselves (see
+    /// [`PoliciesBuilder::resets_per_second`]); `None`: no limit.
+    pub fn resets_per_second(&self) -> Option<u32> {
+        self.0.resets.per_second()
+    }
+
+    /// The window of stream resets every call through layers built from this table shares.
+    pub(crate) fn stream_resets(&self) -> &Arc<StreamResets> {
+        &self.0.resets
+    }
+
     /// The gRFC A96 instruments calls record on, if the table was given a meter.
     #[cfg(feature = "opentelemetry")]
     pub(crate) fn metrics(&self) -> Option<&crate::metrics::RetryMetrics> {
@@ -367,6 +381,7 @@ pub struct PoliciesBuilder {
     transparent_retries: bool,
     /// `Some`: the budget of every hedging policy of the table (`Some(None)`: none).
     hedge_budget: Option<Option<HedgeBudget>>,
+    resets_per_second: Option<u32>,
     #[cfg(feature = "opentelemetry")]
     metrics: Option<crate::metrics::RetryMetrics>,
 }
@@ -527,6 +542,45 @@ impl PoliciesBuilder {
         self
     }
 
+    /// The HTTP/2 stream resets per second the layers allow themselves for attempts they no
+    /// longer need (default 32; capped at 65 536). `None` resets every such attempt at once,
+    /// as gRFC A6 says.
+    ///
+    /// Each hedge that loses, each attempt cut off by a commit and each attempt still running
+    /// when the deadline ends its call is a stream the client resets, and HTTP/2 peers close
+    /// a connection that resets too fast: the `h2` crate that tonic and hyper use remembers 50
+    /// reset streams for 1 s by default, and counts frames on the ones it forgot towards a
+    /// limit of 1 024 per connection, then closes it with every call on it; its servers close
+    /// a connection with more than 20 streams reset before they were accepted. Past this many
+    /// resets in the last second (one window for every clone of the layers built on this
+    /// table), a stopped attempt is let finish on a task of its own instead, its answer read
+    /// and dropped (at most 1 MiB, and 10 s or 1 s past the call's deadline, then it is reset
+    /// after all; 256 at a time per table, then it is reset). An attempt whose request body
+    /// is still streaming is let finish whenever it can be, so that a server never sees its
+    /// request cut short by a `CANCEL` (which tonic's server takes for the end of the
+    /// stream). Outside a tokio runtime, every stopped attempt is reset.
+    ///
+    /// A call the caller drops is cancelled at once either way. The statistics count the
+    /// attempts let finish ([`MethodSnapshot::attempts_let_finish`]) and those reset past the
+    /// limit ([`MethodSnapshot::resets_over_limit`]). See the README's "Hedging over HTTP/2"
+    /// for the peers' settings.
+    ///
+    /// [`MethodSnapshot::attempts_let_finish`]: crate::stats::MethodSnapshot::attempts_let_finish
+    /// [`MethodSnapshot::resets_over_limit`]: crate::stats::MethodSnapshot::resets_over_limit
+    ///
+    /// ```
+    /// use tower_retry_hedge::Policies;
+    ///
+    /// assert_eq!(Policies::default().resets_per_second(), Some(32));
+    /// // gRFC A6 to the letter: every attempt no longer needed is cancelled at once.
+    /// let policies = Policies::builder().resets_per_second(None).build();
+    /// assert_eq!(policies.resets_per_second(), None);
+    /// ```
+    pub fn resets_per_second(mut self, limit: Option<u32>) -> Self {
+        self.resets_per_second = limit;
+        self
+    }
+
     /// Records gRFC A96's retry metrics (`grpc.client.call.retries`,
     /// `grpc.client.call.transparent_retries`, `grpc.client.call.hedges`,
     /// `grpc.client.call.retry_delay`) of every call through layers built from this table,
@@ -596,6 +650,7 @@ impl PoliciesBuilder {
             track_backends: self.track_backends,
             transparent_retries: self.transparent_retries,
             stats: Stats::default(),
+            resets: Arc::new(StreamResets::new(self.resets_per_second)),
             #[cfg(feature = "opentelemetry")]
             metrics: self.metrics,
         }))

@@ -229,6 +229,8 @@ impl<S, B, RB> Service<Request<B>> for Retry<S>
 where
     S: Service<Request<B>, Response = Response<RB>> + Clone,
     S::Error: Into<BoxError>,
+    S::Future: Send + 'static,
+    RB: http_body::Body + Send + 'static,
     B: Replay,
 {
     type Response = Response<RB>;

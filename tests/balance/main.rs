@@ -31,14 +31,16 @@ use tower_test::mock::{self, Handle, SendResponse, Spawn};
 mod outliers;
 
 type Req = http::Request<Full<Bytes>>;
-type Res = http::Response<()>;
+type Res = http::Response<http_body_util::Empty<bytes::Bytes>>;
 /// A mock endpoint with a fixed load.
 type Endpoint = Constant<mock::Mock<Req, Res>, u32>;
 type Discovered = Result<Change<&'static str, Endpoint>, BoxError>;
 type Discovery = UnboundedReceiverStream<Discovered>;
 
 /// The balancer's response, with its body as the endpoint gave it.
-fn plain<E>(result: Result<http::Response<ResponseBody<()>>, E>) -> Result<Res, E> {
+fn plain<E>(
+    result: Result<http::Response<ResponseBody<http_body_util::Empty<bytes::Bytes>>>, E>,
+) -> Result<Res, E> {
     result.map(|response| response.map(ResponseBody::into_inner))
 }
 
@@ -159,7 +161,8 @@ impl Backends {
             let record = self::tried(tried);
             let sent = self.send(Some(&record));
             *counts.entry(sent.endpoint).or_default() += 1;
-            sent.reply.send_response(http::Response::new(()));
+            sent.reply
+                .send_response(http::Response::new(http_body_util::Empty::new()));
         }
         counts
     }
@@ -191,9 +194,11 @@ fn the_attempts_of_a_call_go_to_endpoints_it_has_not_tried() {
         // The names of the record are left to balancers that record names.
         assert!(record.list().is_empty());
         for reply in in_flight {
-            reply.send_response(http::Response::new(()));
+            reply.send_response(http::Response::new(http_body_util::Empty::new()));
         }
-        fourth.reply.send_response(http::Response::new(()));
+        fourth
+            .reply
+            .send_response(http::Response::new(http_body_util::Empty::new()));
     }
 }
 
@@ -218,7 +223,8 @@ fn when_every_endpoint_was_tried_the_pick_is_a_normal_one() {
         for _ in 0..600 {
             let sent = backends.send(None);
             *counts.entry(sent.endpoint).or_insert(0) += 1;
-            sent.reply.send_response(http::Response::new(()));
+            sent.reply
+                .send_response(http::Response::new(http_body_util::Empty::new()));
         }
         counts
     };
@@ -245,7 +251,7 @@ fn a_request_without_a_record_gets_none() {
     }
     reply
         .expect("an endpoint received the request")
-        .send_response(http::Response::new(()));
+        .send_response(http::Response::new(http_body_util::Empty::new()));
     let response = response.now_or_never().expect("answered");
     response.expect("the endpoint's response");
 }
@@ -283,7 +289,9 @@ async fn an_endpoint_polled_once_the_task_spent_its_tokio_budget_is_still_picked
     use tokio::task::coop::{consume_budget, has_budget_remaining};
 
     let buffered = |name: &'static str| {
-        let service = tower::service_fn(|_: Req| async { Ok::<_, Infallible>(Res::new(())) });
+        let service = tower::service_fn(|_: Req| async {
+            Ok::<_, Infallible>(Res::new(http_body_util::Empty::new()))
+        });
         Ok::<_, Infallible>(Change::Insert(
             name,
             Constant::new(Buffer::new(service, 16), 0),
@@ -337,7 +345,8 @@ fn endpoints_added_and_removed_while_calls_are_in_flight() {
 
     // The calls in flight on the removed endpoint still get their answers.
     for sent in in_flight.drain(..) {
-        sent.reply.send_response(http::Response::new(()));
+        sent.reply
+            .send_response(http::Response::new(http_body_util::Empty::new()));
         let response = sent.response.now_or_never().expect("answered");
         assert!(response.is_ok(), "{}: {response:?}", sent.endpoint);
     }
@@ -361,7 +370,8 @@ fn with_no_endpoint_the_balancer_waits_for_discovery() {
     );
     let sent = backends.send(None);
     assert_eq!(sent.endpoint, "a");
-    sent.reply.send_response(http::Response::new(()));
+    sent.reply
+        .send_response(http::Response::new(http_body_util::Empty::new()));
 
     // Every endpoint gone: not ready again.
     backends.remove("a");
@@ -425,7 +435,7 @@ fn backend(
             let response = http::Response::builder()
                 .header("content-type", "application/grpc")
                 .header("grpc-status", status)
-                .body(())
+                .body(http_body_util::Empty::new())
                 .expect("valid response");
             Ok::<_, Infallible>(response)
         }
@@ -466,9 +476,11 @@ where
     let balance = Balance::with_seed(futures_util::stream::iter(changes), 7)
         .outlier_detection(outlier_detection);
     // The mock answers are Trailers-Only: judged on their headers, their bodies are plain.
-    Buffer::new(balance, 64).map_response(|response: http::Response<ResponseBody<()>>| {
-        response.map(ResponseBody::into_inner)
-    })
+    Buffer::new(balance, 64).map_response(
+        |response: http::Response<ResponseBody<http_body_util::Empty<bytes::Bytes>>>| {
+            response.map(ResponseBody::into_inner)
+        },
+    )
 }
 
 fn ms(n: u64) -> Duration {

@@ -92,14 +92,19 @@ async fn a_failure_in_the_trailers_counts_once_the_body_is_read() {
 }
 
 /// A backend answering `status` (HTTP) with no gRPC status, or failing when `status` is 0.
-fn http_backend(status: u16) -> PendingRequests<BoxService<Req, http::Response<()>, BoxError>> {
+fn http_backend(
+    status: u16,
+) -> PendingRequests<BoxService<Req, http::Response<http_body_util::Empty<bytes::Bytes>>, BoxError>>
+{
     let service = tower::service_fn(move |_: Req| async move {
         if status == 0 {
-            return Err::<http::Response<()>, BoxError>("connection reset".into());
+            return Err::<http::Response<http_body_util::Empty<bytes::Bytes>>, BoxError>(
+                "connection reset".into(),
+            );
         }
         Ok(http::Response::builder()
             .status(status)
-            .body(())
+            .body(http_body_util::Empty::new())
             .expect("valid response"))
     });
     PendingRequests::new(BoxService::new(service), CompleteOnResponse::default())
@@ -142,7 +147,8 @@ fn timed_backend(
     status: Status,
     start: Instant,
     first: &Arc<Mutex<Vec<(&'static str, Instant)>>>,
-) -> PendingRequests<BoxService<Req, http::Response<()>, Infallible>> {
+) -> PendingRequests<BoxService<Req, http::Response<http_body_util::Empty<bytes::Bytes>>, Infallible>>
+{
     let first = Arc::clone(first);
     let service = tower::service_fn(move |request: Req| {
         if !request.headers().contains_key("grpc-previous-rpc-attempts") {
@@ -157,7 +163,7 @@ fn timed_backend(
             let response = http::Response::builder()
                 .header("content-type", "application/grpc")
                 .header("grpc-status", code)
-                .body(())
+                .body(http_body_util::Empty::new())
                 .expect("valid response");
             Ok::<_, Infallible>(response)
         }

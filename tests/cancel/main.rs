@@ -29,7 +29,7 @@ use tower_retry_hedge::{
 
 type Body = BoxBody<Bytes, BoxError>;
 type Req = Request<Body>;
-type Res = Response<()>;
+type Res = Response<http_body_util::Empty<Bytes>>;
 
 const RETRIED: &str = "/test.Echo/Retried";
 const HEDGED: &str = "/test.Echo/Hedged";
@@ -134,7 +134,7 @@ impl Service<Req> for Probe {
                 Behaviour::ReadThenFail(code) => Ok(Response::builder()
                     .header("content-type", "application/grpc")
                     .header("grpc-status", code.header_value())
-                    .body(())
+                    .body(http_body_util::Empty::new())
                     .unwrap()),
                 _ => std::future::pending().await,
             }

@@ -37,7 +37,7 @@ use tower_retry_hedge::{
 
 type Body = BoxBody<Bytes, BoxError>;
 type Req = Request<Body>;
-type Res = Response<()>;
+type Res = Response<http_body_util::Empty<Bytes>>;
 
 const RETRIED: &str = "/test.Echo/Retried";
 const HEDGED: &str = "/test.Echo/Hedged";
@@ -133,7 +133,7 @@ impl Service<Req> for Scripted {
             if attempt < (this.failures)(call) {
                 response = response.header("grpc-status", Code::Unavailable.header_value());
             }
-            Ok(response.body(()).unwrap())
+            Ok(response.body(http_body_util::Empty::new()).unwrap())
         })
     }
 }

@@ -15,7 +15,7 @@ use tower_test::mock;
 use super::parse;
 
 type Body = BoxBody<Bytes, BoxError>;
-type Res = Response<()>;
+type Res = Response<http_body_util::Empty<Bytes>>;
 
 const CONFIG: &str = r#"{
   "methodConfig": [{
@@ -46,7 +46,7 @@ fn status(code: u8) -> Res {
     Response::builder()
         .header("content-type", "application/grpc")
         .header("grpc-status", code.to_string())
-        .body(())
+        .body(http_body_util::Empty::new())
         .unwrap()
 }
 

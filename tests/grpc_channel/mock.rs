@@ -118,7 +118,9 @@ impl RecvStream for Scripted1 {
             (Answer::Hang, _) => std::future::pending().await,
             (Answer::FailAfter(after, code), 1) => {
                 tokio::time::sleep(*after).await;
-                ResponseStreamItem::Trailers(Trailers::new(Err(StatusError::new(*code, "scripted"))))
+                ResponseStreamItem::Trailers(Trailers::new(Err(StatusError::new(
+                    *code, "scripted",
+                ))))
             }
             (Answer::Fail(code, pushback), 1) => {
                 let mut metadata = MetadataMap::new();

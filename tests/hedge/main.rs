@@ -48,7 +48,7 @@ use tower_test::mock;
 use support::trailers_only;
 
 type Req = Request<Full<Bytes>>;
-type Res = Response<()>;
+type Res = Response<http_body_util::Empty<Bytes>>;
 type Handle = mock::Handle<Req, Res>;
 type Reply = mock::SendResponse<Res>;
 type CallHandle = tokio::task::JoinHandle<Result<Res, BoxError>>;
@@ -107,7 +107,7 @@ fn grpc_ok() -> Res {
 fn headers_only() -> Res {
     Response::builder()
         .header("content-type", "application/grpc")
-        .body(())
+        .body(http_body_util::Empty::new())
         .unwrap()
 }
 

@@ -32,7 +32,7 @@ use tower_retry_hedge::{BoxError, HedgeLayer, HedgePolicy, Policies, RetryLayer,
 use tower_test::mock;
 
 type Req = Request<Full<Bytes>>;
-type Res = Response<()>;
+type Res = Response<http_body_util::Empty<Bytes>>;
 type Handle = mock::Handle<Req, Res>;
 
 const METHOD: &str = "pkg.Service/Method";
@@ -223,7 +223,7 @@ fn trailers_only(code: Code, pushback: Option<&'static str>) -> Res {
     if let Some(ms) = pushback {
         response = response.header("grpc-retry-pushback-ms", ms);
     }
-    response.body(()).unwrap()
+    response.body(http_body_util::Empty::new()).unwrap()
 }
 
 fn grpc_ok() -> Res {
@@ -231,7 +231,10 @@ fn grpc_ok() -> Res {
 }
 
 fn status(code: u16) -> Res {
-    Response::builder().status(code).body(()).unwrap()
+    Response::builder()
+        .status(code)
+        .body(http_body_util::Empty::new())
+        .unwrap()
 }
 
 type Call = tokio::task::JoinHandle<Result<Res, BoxError>>;

@@ -5,6 +5,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use bytes::Bytes;
+
 use tower::discover::ServiceList;
 use tower::load::{CompleteOnResponse, PendingRequests};
 use tower::util::BoxService;
@@ -16,7 +18,8 @@ use tower_retry_hedge::balance::{
 
 use super::{Recorded, Req, http_request};
 
-type Backend = PendingRequests<BoxService<Req, http::Response<()>, BoxError>>;
+type Backend =
+    PendingRequests<BoxService<Req, http::Response<http_body_util::Empty<Bytes>>, BoxError>>;
 
 /// A91's instruments, by the names gRPC gives them.
 const ENFORCED: &str = "grpc.lb.outlier_detection.ejections_enforced";
@@ -40,7 +43,7 @@ fn backend(status: u16) -> Backend {
         Ok::<_, BoxError>(
             http::Response::builder()
                 .status(status)
-                .body(())
+                .body(http_body_util::Empty::new())
                 .expect("valid response"),
         )
     });

@@ -592,7 +592,7 @@ fn http_response(status: u16, retry_after: Option<&'static str>) -> Res {
     if let Some(v) = retry_after {
         builder = builder.header("retry-after", v);
     }
-    builder.body(()).unwrap()
+    builder.body(http_body_util::Empty::new()).unwrap()
 }
 
 #[tokio::test(start_paused = true)]

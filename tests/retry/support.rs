@@ -16,7 +16,7 @@ use tower_retry_hedge::{BoxError, Policies, RetryLayer, RetryPolicy};
 use tower_test::mock;
 
 pub(crate) type Req = Request<Full<Bytes>>;
-pub(crate) type Res = Response<()>;
+pub(crate) type Res = Response<http_body_util::Empty<Bytes>>;
 pub(crate) type Handle = mock::Handle<Req, Res>;
 
 pub(crate) const METHOD: &str = "/test.Echo/Unary";
@@ -71,13 +71,13 @@ pub(crate) fn trailers_only(code: Code, pushback: Option<&'static str>) -> Res {
     if let Some(p) = pushback {
         response = response.header("grpc-retry-pushback-ms", p);
     }
-    response.body(()).unwrap()
+    response.body(http_body_util::Empty::new()).unwrap()
 }
 
 pub(crate) fn grpc_ok() -> Res {
     Response::builder()
         .header("content-type", "application/grpc")
-        .body(())
+        .body(http_body_util::Empty::new())
         .unwrap()
 }
 

@@ -367,7 +367,7 @@ fn table() -> Vec<Row> {
         .collect()
 }
 
-type Res = Response<()>;
+type Res = Response<http_body_util::Empty<Bytes>>;
 type Streamed = BoxBody<Bytes, BoxError>;
 
 fn ms(n: u64) -> Duration {

@@ -270,7 +270,12 @@ fn a_refused_backup_leaves_the_fatal_and_pushback_rules_as_they_were() {
     let mut engine = engine_of(rules(Mode::Hedge(policy.clone(), ms(10)), 3, None), None);
     refused(&mut engine);
     assert_eq!(
-        answer(&mut engine, AttemptId::FIRST, Outcome::Fatal(None), t0() + ms(20)),
+        answer(
+            &mut engine,
+            AttemptId::FIRST,
+            Outcome::Fatal(None),
+            t0() + ms(20)
+        ),
         Verdict::Return
     );
     let mut engine = engine_of(rules(Mode::Hedge(policy, ms(10)), 3, None), None);

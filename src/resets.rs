@@ -1,0 +1,481 @@
+//! Stopping attempts without tearing down their HTTP/2 connection.
+//!
+//! Every attempt a call no longer needs (a hedge that lost, an attempt cut off by a commit,
+//! one still running when the deadline ended the call) is an HTTP/2 stream that the client
+//! resets when it drops it. Peers guard against rapid resets, and a hedging client at load
+//! trips both guards of the `h2` crate that tonic and hyper use:
+//!
+//! - the client remembers the streams it reset (50 of them, for 1 s, by default) and ignores
+//!   frames the server had already sent on them; a frame on a stream it has forgotten counts
+//!   towards `max_local_error_reset_streams` (1 024 per connection, for its whole life), and
+//!   past it the client closes the connection itself (`GOAWAY`, `too_many_internal_resets`);
+//! - the server closes the connection when more than `max_pending_accept_reset_streams`
+//!   (20) streams were reset before it accepted them (`too_many_resets`).
+//!
+//! Either way every call on the connection fails. So the layers keep their resets within
+//! what `h2` remembers: each table allows [`DEFAULT_PER_SECOND`] resets a second (one window
+//! shared by every clone of the layers built on it, whatever the connection). An attempt
+//! stopped past that is let finish on a task of its own instead (its answer is read and
+//! dropped, a bounded number of bytes and for a bounded time), which closes its stream
+//! without a reset. That departs from gRFC A6's "cancel", and only past the window: the
+//! server does the work it was asked for, as it mostly has by the time a hedge loses.
+//!
+//! A call the caller drops is cancelled at once, as always: its resets count in the window.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use http::Response;
+use http_body::Body;
+use pin_project_lite::pin_project;
+use tokio::time::{Instant, Sleep};
+
+use crate::stats::MethodStats;
+
+/// Resets a table allows per second by default: below the 50 reset streams `h2` remembers,
+/// with room for the caller's own cancellations.
+pub(crate) const DEFAULT_PER_SECOND: u32 = 32;
+
+/// The most resets a second a table may be given: the window keeps one entry per reset.
+pub(crate) const MAX_PER_SECOND: u32 = 1 << 16;
+
+/// The window the limit is counted over: how long `h2` remembers a reset stream.
+const WINDOW: Duration = Duration::from_secs(1);
+
+/// Attempts a table lets finish at once; past them, a stopped attempt is reset.
+const MAX_FINISHING: usize = 256;
+
+/// The longest an attempt is let finish (from when it was stopped, and past the call's
+/// deadline, which its server enforces too): then it is reset after all.
+const MAX_FINISH_TIME: Duration = Duration::from_secs(10);
+
+/// How long past the call's deadline a stopped attempt is let finish: its server's own
+/// deadline (`grpc-timeout`) ends it by then.
+const PAST_DEADLINE: Duration = Duration::from_secs(1);
+
+/// The most response bytes read from an attempt let finish: past them, it is reset.
+const MAX_FINISH_BYTES: u64 = 1 << 20;
+
+/// How often at most the guard warning is logged per table.
+const WARN_EVERY: Duration = Duration::from_secs(10);
+
+/// The resets the calls of one table made in the last second, and the attempts they let
+/// finish instead. Only a stopped attempt touches it: a call answered by its first attempt
+/// never does.
+pub(crate) struct StreamResets {
+    /// `None`: every stopped attempt is reset at once (gRFC A6 as written).
+    per_second: Option<u32>,
+    /// When each reset of the last second was made, oldest first.
+    recent: Mutex<VecDeque<Instant>>,
+    /// Attempts being let finish now.
+    finishing: AtomicUsize,
+    /// When the guard warning was last logged.
+    warned_at: Mutex<Option<Instant>>,
+}
+
+impl std::fmt::Debug for StreamResets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamResets")
+            .field("per_second", &self.per_second)
+            .field("finishing", &self.finishing.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+/// How to stop an attempt the call no longer needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stop {
+    /// Drop it now: its stream is reset (counted in the window).
+    Reset,
+    /// Let it finish on a task of its own ([`finish`]).
+    Finish,
+    /// Drop it now although the window is full and no more attempts can be let finish.
+    ResetOverLimit,
+}
+
+impl StreamResets {
+    /// A window of `per_second` resets (capped at [`MAX_PER_SECOND`]); `None` resets every
+    /// stopped attempt at once.
+    pub(crate) fn new(per_second: Option<u32>) -> StreamResets {
+        StreamResets {
+            per_second: per_second.map(|n| n.min(MAX_PER_SECOND)),
+            recent: Mutex::new(VecDeque::new()),
+            finishing: AtomicUsize::new(0),
+            warned_at: Mutex::new(None),
+        }
+    }
+
+    /// The resets allowed per second, if they are limited.
+    pub(crate) fn per_second(&self) -> Option<u32> {
+        self.per_second
+    }
+
+    /// Decides how to stop an attempt the call no longer needs. `can_finish`: the driver can
+    /// hand the attempt to a task of its own.
+    pub(crate) fn stop(&self, can_finish: bool) -> Stop {
+        let Some(limit) = self.per_second else {
+            return Stop::Reset;
+        };
+        let now = Instant::now();
+        if self.take(now, limit) {
+            return Stop::Reset;
+        }
+        if can_finish && self.try_finishing() {
+            return Stop::Finish;
+        }
+        self.count(now, limit);
+        Stop::ResetOverLimit
+    }
+
+    /// Counts resets that happen whatever the window says (a call the caller dropped).
+    pub(crate) fn count_resets(&self, resets: usize) {
+        if let Some(limit) = self.per_second {
+            let now = Instant::now();
+            for _ in 0..resets {
+                self.count(now, limit);
+            }
+        }
+    }
+
+    /// Takes one reset from the window if it has one left.
+    fn take(&self, now: Instant, limit: u32) -> bool {
+        let mut recent = self.recent(now);
+        if recent.len() < limit as usize {
+            recent.push_back(now);
+            return true;
+        }
+        false
+    }
+
+    /// Counts a reset made past the limit: the window stays full a while longer.
+    fn count(&self, now: Instant, limit: u32) {
+        let mut recent = self.recent(now);
+        if limit == 0 {
+            return;
+        }
+        if recent.len() >= limit as usize {
+            recent.pop_front();
+        }
+        recent.push_back(now);
+    }
+
+    /// The resets of the last second, older ones forgotten.
+    fn recent(&self, now: Instant) -> std::sync::MutexGuard<'_, VecDeque<Instant>> {
+        // A panic while the lock was held leaves a valid queue.
+        let mut recent = self.recent.lock().unwrap_or_else(PoisonError::into_inner);
+        while recent
+            .front()
+            .is_some_and(|at| now.saturating_duration_since(*at) >= WINDOW)
+        {
+            recent.pop_front();
+        }
+        recent
+    }
+
+    fn try_finishing(&self) -> bool {
+        self.finishing
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < MAX_FINISHING).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
+    fn finished(&self) {
+        self.finishing.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Whether the guard warning is due (at most one every [`WARN_EVERY`]).
+    fn warning_due(&self) -> bool {
+        let now = Instant::now();
+        let mut warned_at = self
+            .warned_at
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if warned_at.is_some_and(|at| now.saturating_duration_since(at) < WARN_EVERY) {
+            return false;
+        }
+        *warned_at = Some(now);
+        true
+    }
+
+    /// An attempt failed with `error`: if an HTTP/2 reset guard tore its connection down,
+    /// logs it (at most once every 10 s per table) and says which.
+    pub(crate) fn guard_of(&self, error: &(dyn std::error::Error + 'static)) -> Option<Guard> {
+        let guard = Guard::of(error)?;
+        if self.warning_due() {
+            tracing::warn!(
+                guard = guard.name(),
+                setting = guard.setting(),
+                "an HTTP/2 rapid-reset guard closed the connection, failing every call on it: {}",
+                guard.advice(),
+            );
+        }
+        Some(guard)
+    }
+}
+
+/// Which HTTP/2 reset guard closed a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Guard {
+    /// The client's own: frames on streams it reset and forgot (`too_many_internal_resets`).
+    Client,
+    /// The server's: streams reset before it accepted them (`too_many_resets`).
+    Server,
+}
+
+/// How deep [`Guard::of`] walks an error's `source()` chain.
+const MAX_SOURCE_DEPTH: usize = 32;
+
+impl Guard {
+    /// The guard that closed the connection `error` came from, if one did. `h2` names it in
+    /// its `GOAWAY`'s debug data, which its errors' `Display` shows.
+    pub(crate) fn of(error: &(dyn std::error::Error + 'static)) -> Option<Guard> {
+        let chain = std::iter::successors(Some(error), |e| e.source()).take(MAX_SOURCE_DEPTH);
+        for error in chain {
+            let text = error.to_string();
+            if text.contains("too_many_internal_resets") {
+                return Some(Guard::Client);
+            }
+            if text.contains("too_many_resets") {
+                return Some(Guard::Server);
+            }
+        }
+        None
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Guard::Client => "too_many_internal_resets",
+            Guard::Server => "too_many_resets",
+        }
+    }
+
+    /// The setting that holds the guard's limit.
+    fn setting(self) -> &'static str {
+        match self {
+            Guard::Client => "max_local_error_reset_streams",
+            Guard::Server => "max_pending_accept_reset_streams",
+        }
+    }
+
+    fn advice(self) -> &'static str {
+        match self {
+            Guard::Client => {
+                "the client's max_local_error_reset_streams (1024 by default, per connection) \
+                 was spent; let the client remember more reset streams (tonic: \
+                 Endpoint::http2_max_concurrent_reset_streams, hyper-util: \
+                 http2_max_concurrent_reset_streams) or lower PoliciesBuilder::resets_per_second"
+            }
+            Guard::Server => {
+                "the server's max_pending_accept_reset_streams (20 by default) was exceeded; \
+                 raise it (tonic: Server::http2_max_pending_accept_reset_streams, hyper: \
+                 http2::Builder::max_pending_accept_reset_streams) or lower \
+                 PoliciesBuilder::resets_per_second"
+            }
+        }
+    }
+}
+
+pin_project! {
+    /// An attempt let finish: its answer, then its body to the end, read and dropped. Gives
+    /// its slot back when it ends, however it ends.
+    struct Finish<F, RB> {
+        #[pin]
+        state: FinishState<F, RB>,
+        #[pin]
+        until: Sleep,
+        resets: Arc<StreamResets>,
+        stats: Arc<MethodStats>,
+        read: u64,
+    }
+
+    impl<F, RB> PinnedDrop for Finish<F, RB> {
+        fn drop(this: Pin<&mut Self>) {
+            this.project().resets.finished();
+        }
+    }
+}
+
+pin_project! {
+    #[project = FinishProj]
+    enum FinishState<F, RB> {
+        // Waiting for the answer.
+        Answer { future: Pin<Box<F>> },
+        // Reading the body of the answer to its end.
+        Body { #[pin] body: RB },
+        Done,
+    }
+}
+
+impl<F, E, RB> Future for Finish<F, RB>
+where
+    F: Future<Output = Result<Response<RB>, E>>,
+    RB: Body,
+{
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let mut this = self.project();
+        if this.until.as_mut().poll(cx).is_ready() {
+            // Too long: reset it after all.
+            this.resets.count_resets(1);
+            this.stats.record_stop(Stop::ResetOverLimit);
+            this.state.set(FinishState::Done);
+            return Poll::Ready(());
+        }
+        loop {
+            match this.state.as_mut().project() {
+                FinishProj::Answer { future } => match ready!(future.as_mut().poll(cx)) {
+                    Ok(response) => {
+                        let body = response.into_body();
+                        this.state.set(FinishState::Body { body });
+                    }
+                    Err(_) => {
+                        this.state.set(FinishState::Done);
+                        return Poll::Ready(());
+                    }
+                },
+                FinishProj::Body { mut body } => {
+                    if body.is_end_stream() {
+                        this.state.set(FinishState::Done);
+                        return Poll::Ready(());
+                    }
+                    match ready!(body.as_mut().poll_frame(cx)) {
+                        Some(Ok(frame)) => {
+                            if let Some(data) = frame.data_ref() {
+                                *this.read += bytes::Buf::remaining(data) as u64;
+                            }
+                            if *this.read > MAX_FINISH_BYTES {
+                                this.resets.count_resets(1);
+                                this.stats.record_stop(Stop::ResetOverLimit);
+                                this.state.set(FinishState::Done);
+                                return Poll::Ready(());
+                            }
+                        }
+                        Some(Err(_)) | None => {
+                            this.state.set(FinishState::Done);
+                            return Poll::Ready(());
+                        }
+                    }
+                }
+                FinishProj::Done => return Poll::Ready(()),
+            }
+        }
+    }
+}
+
+/// Lets `attempt` finish on a task of its own (a [`Stop::Finish`] decision of `resets`),
+/// until the call's `deadline` has been past a while, or [`MAX_FINISH_TIME`]. Outside a tokio
+/// runtime it is dropped (reset) instead.
+pub(crate) fn finish<F, E, RB>(
+    resets: &Arc<StreamResets>,
+    attempt: Pin<Box<F>>,
+    deadline: Option<Instant>,
+    stats: Arc<MethodStats>,
+) where
+    F: Future<Output = Result<Response<RB>, E>> + Send + 'static,
+    RB: Body + Send + 'static,
+    RB::Data: bytes::Buf,
+{
+    let now = Instant::now();
+    let mut until = now + MAX_FINISH_TIME;
+    if let Some(deadline) = deadline {
+        until = until.min(deadline.max(now) + PAST_DEADLINE);
+    }
+    let task = Finish {
+        state: FinishState::Answer { future: attempt },
+        until: tokio::time::sleep_until(until),
+        resets: Arc::clone(resets),
+        stats,
+        read: 0,
+    };
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => drop(runtime.spawn(task)),
+        // Dropping the task gives the slot back.
+        Err(_) => drop(task),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn the_window_allows_its_resets_per_second_then_asks_to_let_attempts_finish() {
+        let resets = StreamResets::new(Some(3));
+        for _ in 0..3 {
+            assert_eq!(resets.stop(true), Stop::Reset);
+        }
+        assert_eq!(resets.stop(true), Stop::Finish);
+        assert_eq!(resets.stop(false), Stop::ResetOverLimit);
+        // A second later the window has room again.
+        tokio::time::advance(Duration::from_millis(999)).await;
+        assert_eq!(resets.stop(true), Stop::Finish);
+        tokio::time::advance(Duration::from_millis(2)).await;
+        assert_eq!(resets.stop(true), Stop::Reset);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_a_limit_every_attempt_is_reset() {
+        let a6 = StreamResets::new(None);
+        for _ in 0..1000 {
+            assert_eq!(a6.stop(true), Stop::Reset);
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn no_more_than_the_cap_finish_at_once() {
+        let resets = StreamResets::new(Some(0));
+        for _ in 0..MAX_FINISHING {
+            assert_eq!(resets.stop(true), Stop::Finish);
+        }
+        assert_eq!(resets.stop(true), Stop::ResetOverLimit);
+        resets.finished();
+        assert_eq!(resets.stop(true), Stop::Finish);
+    }
+
+    #[test]
+    fn a_caller_cannot_make_the_window_unbounded() {
+        assert_eq!(
+            StreamResets::new(Some(u32::MAX)).per_second(),
+            Some(MAX_PER_SECOND)
+        );
+    }
+
+    #[derive(Debug)]
+    struct Wrapped(String, Option<Box<Wrapped>>);
+
+    impl std::fmt::Display for Wrapped {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(&self.0)
+        }
+    }
+
+    impl std::error::Error for Wrapped {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            self.1.as_deref().map(|e| e as _)
+        }
+    }
+
+    #[test]
+    fn the_guards_are_known_by_the_goaway_debug_data_anywhere_in_the_chain() {
+        let inner = |text: &str| Some(Box::new(Wrapped(text.into(), None)));
+        let client = Wrapped(
+            "transport error".into(),
+            inner("connection error detected: ENHANCE_YOUR_CALM (b\"too_many_internal_resets\")"),
+        );
+        assert_eq!(Guard::of(&client), Some(Guard::Client));
+        let server = Wrapped(
+            "transport error".into(),
+            inner("connection error received: ENHANCE_YOUR_CALM (b\"too_many_resets\")"),
+        );
+        assert_eq!(Guard::of(&server), Some(Guard::Server));
+        let other = Wrapped("transport error".into(), inner("broken pipe"));
+        assert_eq!(Guard::of(&other), None);
+    }
+}
