@@ -211,8 +211,8 @@ impl StreamResets {
             tracing::warn!(
                 guard = guard.name(),
                 setting = guard.setting(),
-                "an HTTP/2 rapid-reset guard closed the connection, failing every call on it: {}",
-                guard.advice(),
+                advice = guard.advice(),
+                "HTTP/2 reset guard closed the connection"
             );
         }
         Some(guard)
@@ -437,6 +437,69 @@ mod tests {
         assert_eq!(resets.stop(true), Stop::ResetOverLimit);
         resets.finished();
         assert_eq!(resets.stop(true), Stop::Finish);
+    }
+
+    /// A response body of 64 KiB chunks, `left` of them, that tells whether it was dropped
+    /// before its end.
+    struct Chunks {
+        left: usize,
+        cut_short: Arc<std::sync::atomic::AtomicBool>,
+    }
+
+    impl Drop for Chunks {
+        fn drop(&mut self) {
+            self.cut_short.store(self.left > 0, Ordering::SeqCst);
+        }
+    }
+
+    impl Body for Chunks {
+        type Data = bytes::Bytes;
+        type Error = std::convert::Infallible;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
+            if self.left == 0 {
+                return Poll::Ready(None);
+            }
+            self.left -= 1;
+            let chunk = bytes::Bytes::from(vec![0u8; 64 * 1024]);
+            Poll::Ready(Some(Ok(http_body::Frame::data(chunk))))
+        }
+    }
+
+    /// Lets an attempt answering `chunks` chunks finish; gives whether its body was cut
+    /// short, and the attempts reset past the limit.
+    async fn finish_chunks(chunks: usize) -> (bool, u64) {
+        let resets = Arc::new(StreamResets::new(Some(0)));
+        let stats = Arc::new(MethodStats::default());
+        let cut_short = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let body = Chunks {
+            left: chunks,
+            cut_short: Arc::clone(&cut_short),
+        };
+        let attempt = Box::pin(async move { Ok::<_, ()>(Response::new(body)) });
+        assert_eq!(resets.stop(true), Stop::Finish);
+        finish(&resets, attempt, None, Arc::clone(&stats));
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        assert_eq!(
+            resets.finishing.load(Ordering::SeqCst),
+            0,
+            "the slot is back"
+        );
+        (
+            cut_short.load(Ordering::SeqCst),
+            stats.snapshot().resets_over_limit,
+        )
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_attempt_let_finish_is_read_to_its_end_within_a_mebibyte_then_reset() {
+        // 16 chunks of 64 KiB: read to the end.
+        assert_eq!(finish_chunks(16).await, (false, 0));
+        // Endless: dropped past 1 MiB, counted as a reset past the limit.
+        assert_eq!(finish_chunks(usize::MAX).await, (true, 1));
     }
 
     #[test]

@@ -146,10 +146,10 @@ where
         policies.stats().method(key)
     }
 
-    /// Stops an attempt the call no longer needs (`future`, if it can be moved): resets its
-    /// stream by dropping it, or lets it finish on a task of its own, as the table's window
-    /// of stream resets says (see `crate::resets`).
-    fn stop<RB>(&self, future: Option<Pin<Box<S::Future>>>)
+    /// Stops attempt `id`, which the call no longer needs (`future`, if it can be moved):
+    /// resets its stream by dropping it, or lets it finish on a task of its own, as the
+    /// table's window of stream resets says (see `crate::resets`).
+    fn stop<RB>(&self, id: AttemptId, future: Option<Pin<Box<S::Future>>>)
     where
         S: Service<Request<B>, Response = Response<RB>>,
         S::Future: Send + 'static,
@@ -163,6 +163,7 @@ where
         let stats = self.method_stats();
         stats.record_stop(stop);
         if let (Stop::Finish, Some(future)) = (stop, future) {
+            tracing::debug!(attempt = id.send, "attempt let finish");
             let deadline = self.engine.deadline().map(tokio::time::Instant::from_std);
             crate::resets::finish(resets, future, deadline, stats);
         }
@@ -396,8 +397,8 @@ where
                 let state = &mut **this.state;
                 let engine = &state.engine;
                 let live = |id| engine.is_live(id);
-                for future in take_attempts(this.first.as_mut(), &mut state.later, live) {
-                    state.stop(future);
+                for (id, future) in take_attempts(this.first.as_mut(), &mut state.later, live) {
+                    state.stop(id, future);
                 }
                 let engine = &state.engine;
                 if let Some(spans) = &mut state.spans {
@@ -407,8 +408,8 @@ where
             Action::TimedOut(id) => {
                 let state = &mut **this.state;
                 let stopped = take_attempts(this.first.as_mut(), &mut state.later, |a| a != id);
-                for future in stopped {
-                    state.stop(future);
+                for (id, future) in stopped {
+                    state.stop(id, future);
                 }
                 if let Some(spans) = &mut this.state.spans {
                     spans.timed_out(id.send);
@@ -549,8 +550,8 @@ where
 {
     let state = &mut **this.state;
     let stopped = take_attempts(this.first.as_mut(), &mut state.later, |_| false);
-    for future in stopped {
-        state.stop(future);
+    for (id, future) in stopped {
+        state.stop(id, future);
     }
     let last = state.later.take().and_then(|later| later.last);
     let engine = &this.state.engine;
@@ -647,8 +648,8 @@ where
                 delay.record(inputs.now().saturating_duration_since(sent_at));
             }
             let stopped = take_attempts(this.first.as_mut(), &mut state.later, |_| false);
-            for future in stopped {
-                state.stop(future);
+            for (id, future) in stopped {
+                state.stop(id, future);
             }
             state.later = None;
             let grpc = state.engine.grpc();
@@ -668,9 +669,9 @@ where
     }
 }
 
-/// What [`take_attempts`] takes: each attempt's future, if it can be moved (the first
-/// attempt in place cannot, and is dropped).
-type Stopped<F> = Vec<Option<Pin<Box<F>>>>;
+/// What [`take_attempts`] takes: each attempt, with its future if it can be moved (the
+/// first attempt in place cannot, and is dropped).
+type Stopped<F> = Vec<(AttemptId, Option<Pin<Box<F>>>)>;
 
 /// Takes out of the call the attempts in flight that `keep` does not keep.
 fn take_attempts<S, B>(
@@ -683,11 +684,11 @@ where
 {
     let mut stopped = Vec::new();
     if first.is_some() && !keep(AttemptId::FIRST) {
-        stopped.push(first.take());
+        stopped.push((AttemptId::FIRST, first.take()));
     }
     if let Some(later) = later {
         let taken = later.attempts.extract_if(.., |a| !keep(a.id));
-        stopped.extend(taken.map(|a| Some(a.future)));
+        stopped.extend(taken.map(|a| (a.id, Some(a.future))));
     }
     stopped
 }

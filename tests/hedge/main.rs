@@ -16,6 +16,7 @@ mod budget;
 mod commit;
 #[cfg(feature = "tonic")]
 mod grpc;
+mod resets;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -41,7 +42,7 @@ use tower_retry_hedge::latency::AdaptiveDelay;
 use tower_retry_hedge::metadata::{AttemptInfo, Attempts, TriedBackends};
 use tower_retry_hedge::throttle::{RetryThrottle, Throttle};
 use tower_retry_hedge::{
-    BoxError, BufferLimits, HedgeLayer, HedgePolicy, Policies, RetryLayer, RetryPolicy,
+    BoxError, BufferLimits, Hedge, HedgeLayer, HedgePolicy, Policies, RetryLayer, RetryPolicy,
 };
 use tower_test::mock;
 

@@ -553,6 +553,31 @@ async fn every_row() {
     reply.send_response(grpc_ok());
     call.await.unwrap().unwrap();
 
+    // `attempt let finish`: no resets allowed, so the first attempt, which lost to the
+    // hedge, is let finish.
+    let finishing = Policies::builder()
+        .method(METHOD, hedge_policy(2))
+        .resets_per_second(Some(0))
+        .build();
+    let (service, mut handle) = mock::pair::<Req, Res>();
+    let call = tokio::spawn(
+        HedgeLayer::new(finishing)
+            .layer(service)
+            .oneshot(grpc_request("x")),
+    );
+    let (_, slow) = handle.next_request().await.expect("the first attempt");
+    answer(&mut handle, grpc_ok()).await;
+    call.await.unwrap().unwrap();
+    slow.send_response(grpc_ok());
+
+    // `HTTP/2 reset guard closed the connection`: an attempt fails as h2 fails the calls of
+    // a connection its own guard closed.
+    let (call, mut handle) = start(support::policies(policy(2)), grpc_request("x"));
+    let (_, reply) = handle.next_request().await.expect("the attempt");
+    reply.send_error(GuardClosed);
+    answer(&mut handle, grpc_ok()).await;
+    call.await.unwrap().unwrap();
+
     // `service config: unknown fields ignored` (outside any call).
     let config = tower_retry_hedge::ServiceConfig::from_json(r#"{"methodConfg": []}"#).unwrap();
     assert_eq!(config.ignored().len(), 1);
@@ -612,6 +637,56 @@ async fn balance_ejects_an_outlier_and_brings_it_back() {
     tokio::time::sleep(Duration::from_secs(31)).await;
     let _ = balance.ready().await.unwrap().call(grpc_request("x")).await;
     assert!(outliers.returns() >= 1);
+}
+
+/// What a call on a connection that `h2`'s own reset guard closed fails with: its `GOAWAY`,
+/// as `h2::Error` shows it.
+#[derive(Debug)]
+struct GuardClosed;
+
+impl std::fmt::Display for GuardClosed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(r#"connection error detected: ENHANCE_YOUR_CALM (b"too_many_internal_resets")"#)
+    }
+}
+
+impl std::error::Error for GuardClosed {}
+
+#[test]
+fn a_reset_guard_that_closed_the_connection_is_logged_once_and_counted_each_time() {
+    let table = policies(policy(2));
+    let seen = run(|| async {
+        for _ in 0..3 {
+            let (call, mut handle) = start(table.clone(), grpc_request("x"));
+            let (_, reply) = handle.next_request().await.expect("the attempt");
+            reply.send_error(GuardClosed);
+            answer(&mut handle, grpc_ok()).await;
+            call.await.unwrap().unwrap();
+        }
+    });
+    let warnings: Vec<&Seen> = seen
+        .iter()
+        .filter(|s| s.name == "HTTP/2 reset guard closed the connection")
+        .collect();
+    assert_eq!(warnings.len(), 1, "{seen:#?}");
+    let warning = warnings[0];
+    assert_eq!(warning.level, tracing::Level::WARN);
+    assert_eq!(
+        warning.value("guard"),
+        Some(r#""too_many_internal_resets""#)
+    );
+    assert_eq!(
+        warning.value("setting"),
+        Some(r#""max_local_error_reset_streams""#)
+    );
+    assert!(
+        warning
+            .value("advice")
+            .is_some_and(|advice| advice.contains("http2_max_concurrent_reset_streams")),
+        "{warning:?}"
+    );
+    let snapshot = table.stats().snapshot();
+    assert_eq!(snapshot.methods[METHOD].reset_guard_failures, 3);
 }
 
 #[test]
