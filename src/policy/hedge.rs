@@ -186,16 +186,19 @@ impl HedgePolicyBuilder {
 
     /// gRPC's wait-for-ready, as
     /// [`RetryPolicyBuilder::wait_for_ready`](crate::policy::RetryPolicyBuilder::wait_for_ready)
-    /// has it: an attempt that could not connect is resent transparently until the deadline.
-    /// Off by default: it is an `UNAVAILABLE` failure, which sends the next hedge at once if
-    /// `UNAVAILABLE` is non-fatal.
+    /// has it: an attempt that could not connect is resent transparently until the deadline,
+    /// or at most 10 times in a row for a call without one (the default of
+    /// [`RetryPolicyBuilder::max_transparent_retries`](crate::policy::RetryPolicyBuilder::max_transparent_retries),
+    /// which a hedging policy keeps). Off by default: it is an `UNAVAILABLE` failure, which
+    /// sends the next hedge at once if `UNAVAILABLE` is non-fatal.
     pub fn wait_for_ready(mut self, enabled: bool) -> Self {
         self.wait_for_ready = enabled;
         self
     }
 
-    /// Caps the extra load this policy's hedges add: a hedge over the budget is not sent, and
-    /// the call keeps waiting on the attempts in flight (see [`HedgeBudget`]). None by
+    /// Caps the extra load this policy's hedges add: a backup hedge over the budget is not
+    /// sent, and the call keeps waiting on the attempts in flight with no more backups (the
+    /// hedge a non-fatal failure owes still goes at once; see [`HedgeBudget`]). None by
     /// default for a policy built in code, as in A6; policies made from service-config JSON
     /// get [`HedgeBudget::default`].
     ///

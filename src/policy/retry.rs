@@ -191,7 +191,9 @@ impl RetryPolicyBuilder {
     }
 
     /// With [`wait_for_ready`](Self::wait_for_ready): how many times an attempt that could
-    /// not be sent is resent when the call has no deadline.
+    /// not be sent is resent in a row when the call has no deadline (default 10; with a
+    /// deadline, until the deadline). Hedging policies and calls without a policy resend at
+    /// most 10 times too.
     pub fn max_transparent_retries(mut self, max: u32) -> Self {
         self.max_transparent_retries = max;
         self
