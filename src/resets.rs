@@ -13,16 +13,19 @@
 //!   (20) streams were reset before it accepted them (`too_many_resets`).
 //!
 //! Either way every call on the connection fails. So the layers keep their resets within
-//! what `h2` remembers: each table allows [`DEFAULT_PER_SECOND`] resets a second (one window
-//! shared by every clone of the layers built on it, whatever the connection). An attempt
-//! stopped past that is let finish on a task of its own instead (its answer is read and
-//! dropped, a bounded number of bytes and for a bounded time), which closes its stream
-//! without a reset. That departs from gRFC A6's "cancel", and only past the window: the
-//! server does the work it was asked for, as it mostly has by the time a hedge loses.
+//! what both guards allow: each table allows [`DEFAULT_PER_SECOND`] resets a second, paced
+//! evenly (a token bucket that holds a quarter second's worth), one bucket shared by every
+//! clone of the layers built on it, whatever the connection. The client then never has more
+//! than 40 reset streams to remember in a second, and a server that lags behind never finds
+//! more than a handful reset at once before it accepted them. An attempt stopped past that is
+//! let finish on a task of its own instead (its answer is read and dropped, a bounded number
+//! of bytes and for a bounded time), which closes its stream without a reset. That departs
+//! from gRFC A6's "cancel", and only past the limit: the server does the work it was asked
+//! for, as it mostly has by the time a hedge loses.
 //!
-//! A call the caller drops is cancelled at once, as always: its resets count in the window.
+//! A call the caller drops is cancelled at once, as always: its resets are taken from the
+//! bucket all the same.
 
-use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -41,11 +44,12 @@ use crate::stats::MethodStats;
 /// with room for the caller's own cancellations.
 pub(crate) const DEFAULT_PER_SECOND: u32 = 32;
 
-/// The most resets a second a table may be given: the window keeps one entry per reset.
-pub(crate) const MAX_PER_SECOND: u32 = 1 << 16;
+/// The most resets the bucket holds, as a share of a second's: a burst of resets may not
+/// exceed it. Bursts are what a server's pending-accept guard (20 by default) sees.
+const BURST_SHARE: u32 = 4;
 
-/// The window the limit is counted over: how long `h2` remembers a reset stream.
-const WINDOW: Duration = Duration::from_secs(1);
+/// How far into debt resets made past the limit may put the bucket: a second's worth.
+const MAX_DEBT_SECONDS: f64 = 1.0;
 
 /// Attempts a table lets finish at once; past them, a stopped attempt is reset.
 const MAX_FINISHING: usize = 256;
@@ -70,8 +74,8 @@ const WARN_EVERY: Duration = Duration::from_secs(10);
 pub(crate) struct StreamResets {
     /// `None`: every stopped attempt is reset at once (gRFC A6 as written).
     per_second: Option<u32>,
-    /// When each reset of the last second was made, oldest first.
-    recent: Mutex<VecDeque<Instant>>,
+    /// The resets that may be made now, refilled at `per_second`.
+    bucket: Mutex<Bucket>,
     /// Attempts being let finish now.
     finishing: AtomicUsize,
     /// When the guard warning was last logged.
@@ -90,21 +94,23 @@ impl std::fmt::Debug for StreamResets {
 /// How to stop an attempt the call no longer needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Stop {
-    /// Drop it now: its stream is reset (counted in the window).
+    /// Drop it now: its stream is reset (within the limit).
     Reset,
     /// Let it finish on a task of its own ([`finish`]).
     Finish,
-    /// Drop it now although the window is full and no more attempts can be let finish.
+    /// Drop it now although the limit is reached, as no more attempts can be let finish.
     ResetOverLimit,
 }
 
 impl StreamResets {
-    /// A window of `per_second` resets (capped at [`MAX_PER_SECOND`]); `None` resets every
-    /// stopped attempt at once.
+    /// A limit of `per_second` resets; `None` resets every stopped attempt at once.
     pub(crate) fn new(per_second: Option<u32>) -> StreamResets {
         StreamResets {
-            per_second: per_second.map(|n| n.min(MAX_PER_SECOND)),
-            recent: Mutex::new(VecDeque::new()),
+            per_second,
+            bucket: Mutex::new(Bucket {
+                tokens: None,
+                at: None,
+            }),
             finishing: AtomicUsize::new(0),
             warned_at: Mutex::new(None),
         }
@@ -132,7 +138,7 @@ impl StreamResets {
         Stop::ResetOverLimit
     }
 
-    /// Counts resets that happen whatever the window says (a call the caller dropped).
+    /// Counts resets made whatever the limit says (a call the caller dropped).
     pub(crate) fn count_resets(&self, resets: usize) {
         if let Some(limit) = self.per_second {
             let now = Instant::now();
@@ -142,39 +148,39 @@ impl StreamResets {
         }
     }
 
-    /// Takes one reset from the window if it has one left.
+    /// Takes one reset from the bucket if it holds one.
     fn take(&self, now: Instant, limit: u32) -> bool {
-        let mut recent = self.recent(now);
-        if recent.len() < limit as usize {
-            recent.push_back(now);
+        let mut bucket = self.bucket(now, limit);
+        let tokens = bucket.tokens.get_or_insert(0.0);
+        if *tokens >= 1.0 {
+            *tokens -= 1.0;
             return true;
         }
         false
     }
 
-    /// Counts a reset made past the limit: the window stays full a while longer.
+    /// Counts a reset made past the limit: it is taken from what the bucket refills next.
     fn count(&self, now: Instant, limit: u32) {
-        let mut recent = self.recent(now);
-        if limit == 0 {
-            return;
-        }
-        if recent.len() >= limit as usize {
-            recent.pop_front();
-        }
-        recent.push_back(now);
+        let mut bucket = self.bucket(now, limit);
+        let floor = -f64::from(limit) * MAX_DEBT_SECONDS;
+        let tokens = bucket.tokens.get_or_insert(0.0);
+        *tokens = (*tokens - 1.0).max(floor);
     }
 
-    /// The resets of the last second, older ones forgotten.
-    fn recent(&self, now: Instant) -> std::sync::MutexGuard<'_, VecDeque<Instant>> {
-        // A panic while the lock was held leaves a valid queue.
-        let mut recent = self.recent.lock().unwrap_or_else(PoisonError::into_inner);
-        while recent
-            .front()
-            .is_some_and(|at| now.saturating_duration_since(*at) >= WINDOW)
-        {
-            recent.pop_front();
-        }
-        recent
+    /// The bucket, refilled for the time since it was last looked at.
+    fn bucket(&self, now: Instant, limit: u32) -> std::sync::MutexGuard<'_, Bucket> {
+        // A panic while the lock was held leaves a valid bucket.
+        let mut bucket = self.bucket.lock().unwrap_or_else(PoisonError::into_inner);
+        let capacity = f64::from((limit / BURST_SHARE).max(limit.min(1)));
+        let elapsed = bucket
+            .at
+            .map_or(Duration::MAX, |at| now.saturating_duration_since(at));
+        let refill = elapsed.as_secs_f64() * f64::from(limit);
+        // Full at first: a table starts with its burst.
+        let tokens = bucket.tokens.map_or(capacity, |tokens| tokens + refill);
+        bucket.tokens = Some(tokens.min(capacity));
+        bucket.at = Some(now);
+        bucket
     }
 
     fn try_finishing(&self) -> bool {
@@ -217,6 +223,14 @@ impl StreamResets {
         }
         Some(guard)
     }
+}
+
+/// The resets a table may make now.
+#[derive(Debug)]
+struct Bucket {
+    /// `None` until first looked at; may be below zero after resets past the limit.
+    tokens: Option<f64>,
+    at: Option<Instant>,
 }
 
 /// Which HTTP/2 reset guard closed a connection.
@@ -406,18 +420,27 @@ mod tests {
     use super::*;
 
     #[tokio::test(start_paused = true)]
-    async fn the_window_allows_its_resets_per_second_then_asks_to_let_attempts_finish() {
-        let resets = StreamResets::new(Some(3));
-        for _ in 0..3 {
+    async fn resets_come_evenly_at_the_rate_with_bursts_of_a_quarter_second() {
+        let resets = StreamResets::new(Some(40));
+        // A burst of 10 (a quarter of a second's), then one every 25 ms.
+        for _ in 0..10 {
             assert_eq!(resets.stop(true), Stop::Reset);
         }
         assert_eq!(resets.stop(true), Stop::Finish);
         assert_eq!(resets.stop(false), Stop::ResetOverLimit);
-        // A second later the window has room again.
-        tokio::time::advance(Duration::from_millis(999)).await;
+        // The reset past the limit is paid for first.
+        tokio::time::advance(Duration::from_millis(26)).await;
         assert_eq!(resets.stop(true), Stop::Finish);
-        tokio::time::advance(Duration::from_millis(2)).await;
+        tokio::time::advance(Duration::from_millis(25)).await;
         assert_eq!(resets.stop(true), Stop::Reset);
+        assert_eq!(resets.stop(true), Stop::Finish);
+        // Over any second, no more than a second's worth and one burst.
+        let mut made = 0;
+        for _ in 0..1000 {
+            tokio::time::advance(Duration::from_millis(1)).await;
+            made += usize::from(resets.take(Instant::now(), 40));
+        }
+        assert!((39..=50).contains(&made), "{made} resets in a second");
     }
 
     #[tokio::test(start_paused = true)]
@@ -431,6 +454,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn no_more_than_the_cap_finish_at_once() {
         let resets = StreamResets::new(Some(0));
+        tokio::time::advance(Duration::from_secs(10)).await;
         for _ in 0..MAX_FINISHING {
             assert_eq!(resets.stop(true), Stop::Finish);
         }
@@ -500,14 +524,6 @@ mod tests {
         assert_eq!(finish_chunks(16).await, (false, 0));
         // Endless: dropped past 1 MiB, counted as a reset past the limit.
         assert_eq!(finish_chunks(usize::MAX).await, (true, 1));
-    }
-
-    #[test]
-    fn a_caller_cannot_make_the_window_unbounded() {
-        assert_eq!(
-            StreamResets::new(Some(u32::MAX)).per_second(),
-            Some(MAX_PER_SECOND)
-        );
     }
 
     #[derive(Debug)]

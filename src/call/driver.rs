@@ -101,7 +101,7 @@ pin_project! {
         B: Replay,
     {
         // The call's metrics are recorded once, when it ends: returned or dropped. A call
-        // dropped by its caller resets every attempt in flight, which the table's window of
+        // dropped by its caller resets every attempt in flight, which the table's limit of
         // stream resets counts.
         fn drop(this: Pin<&mut Self>) {
             let this = this.project();
@@ -148,7 +148,7 @@ where
 
     /// Stops attempt `id`, which the call no longer needs (`future`, if it can be moved):
     /// resets its stream by dropping it, or lets it finish on a task of its own, as the
-    /// table's window of stream resets says (see `crate::resets`).
+    /// table's limit of stream resets says (see `crate::resets`).
     fn stop<RB>(&self, id: AttemptId, future: Option<Pin<Box<S::Future>>>)
     where
         S: Service<Request<B>, Response = Response<RB>>,

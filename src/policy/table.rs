@@ -355,7 +355,7 @@ impl Policies {
         self.0.resets.per_second()
     }
 
-    /// The window of stream resets every call through layers built from this table shares.
+    /// The limit of stream resets every call through layers built from this table shares.
     pub(crate) fn stream_resets(&self) -> &Arc<StreamResets> {
         &self.0.resets
     }
@@ -543,22 +543,20 @@ impl PoliciesBuilder {
     }
 
     /// The HTTP/2 stream resets per second the layers allow themselves for attempts they no
-    /// longer need (default 32; capped at 65 536). `None` resets every such attempt at once,
-    /// as gRFC A6 says.
+    /// longer need (default 32, paced evenly, in bursts of at most a quarter of them). `None`
+    /// resets every such attempt at once, as gRFC A6 says.
     ///
     /// Each hedge that loses, each attempt cut off by a commit and each attempt still running
     /// when the deadline ends its call is a stream the client resets, and HTTP/2 peers close
     /// a connection that resets too fast: the `h2` crate that tonic and hyper use remembers 50
     /// reset streams for 1 s by default, and counts frames on the ones it forgot towards a
     /// limit of 1 024 per connection, then closes it with every call on it; its servers close
-    /// a connection with more than 20 streams reset before they were accepted. Past this many
-    /// resets in the last second (one window for every clone of the layers built on this
-    /// table), a stopped attempt is let finish on a task of its own instead, its answer read
+    /// a connection with more than 20 streams reset before they were accepted. Past this rate
+    /// (one limit for every clone of the layers built on this table), a stopped attempt is
+    /// let finish on a task of its own instead, its answer read
     /// and dropped (at most 1 MiB, and 10 s or 1 s past the call's deadline, then it is reset
-    /// after all; 256 at a time per table, then it is reset). An attempt whose request body
-    /// is still streaming is let finish whenever it can be, so that a server never sees its
-    /// request cut short by a `CANCEL` (which tonic's server takes for the end of the
-    /// stream). Outside a tokio runtime, every stopped attempt is reset.
+    /// after all; 256 at a time per table, then it is reset). Outside a tokio runtime, every
+    /// stopped attempt is reset.
     ///
     /// A call the caller drops is cancelled at once either way. The statistics count the
     /// attempts let finish ([`MethodSnapshot::attempts_let_finish`]) and those reset past the

@@ -1,4 +1,4 @@
-//! Attempts a call no longer needs, past the table's window of stream resets: let finish on a
+//! Attempts a call no longer needs, past the table's limit of stream resets: let finish on a
 //! task of their own, their answers dropped, instead of being reset (see
 //! `PoliciesBuilder::resets_per_second`).
 
@@ -32,15 +32,16 @@ fn method_stats(policies: &Policies) -> tower_retry_hedge::stats::MethodSnapshot
 }
 
 #[tokio::test(start_paused = true)]
-async fn past_the_window_a_loser_is_let_finish_and_its_answer_dropped() {
-    let policies = limited(Some(2));
+async fn past_the_limit_a_loser_is_let_finish_and_its_answer_dropped() {
+    // Eight resets a second, in bursts of two.
+    let policies = limited(Some(8));
     let (probe, mut arrivals) = Probe::new();
     let svc = HedgeLayer::new(policies.clone()).layer(probe);
 
-    // Two resets a second: the first two losers are cancelled at once, as A6 says.
+    // The first two losers are cancelled at once, as A6 says.
     for _ in 0..2 {
         let first = first_loses(&svc, &mut arrivals).await;
-        assert!(first.cancelled(), "a loser within the window is reset");
+        assert!(first.cancelled(), "a loser within the limit is reset");
     }
     // The next two are let finish: still running, until their server answers.
     let third = first_loses(&svc, &mut arrivals).await;
@@ -56,7 +57,7 @@ async fn past_the_window_a_loser_is_let_finish_and_its_answer_dropped() {
         "they ended with their answers, unreset"
     );
 
-    // A second later the window has room again.
+    // A second later the limit has room again.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let fifth = first_loses(&svc, &mut arrivals).await;
     assert!(fifth.cancelled());
@@ -102,7 +103,7 @@ async fn a_loser_let_finish_is_reset_after_ten_seconds_or_a_second_past_the_dead
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_call_dropped_by_its_caller_cancels_every_attempt_whatever_the_window() {
+async fn a_call_dropped_by_its_caller_cancels_every_attempt_whatever_the_limit() {
     let policies = limited(Some(0));
     let (probe, mut arrivals) = Probe::new();
     let svc = HedgeLayer::new(policies).layer(probe);
@@ -128,8 +129,8 @@ async fn without_a_limit_every_loser_is_cancelled_at_once() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn the_deadline_ending_a_call_lets_its_attempts_finish_past_the_window() {
-    // A call that ends with DEADLINE_EXCEEDED stops every attempt in flight; past the window,
+async fn the_deadline_ending_a_call_lets_its_attempts_finish_past_the_limit() {
+    // A call that ends with DEADLINE_EXCEEDED stops every attempt in flight; past the limit,
     // they are let finish (their servers enforce the same deadline).
     let policies = limited(Some(0));
     let (probe, mut arrivals) = Probe::new();
