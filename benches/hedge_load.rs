@@ -62,6 +62,11 @@
 //! Arguments after `--` are substring filters on the scenario name (a scenario runs when any
 //! matches; none: all of them). The machine's load moves the rates; the counts of failures and
 //! connections are the point.
+//!
+//! `HEDGE_LOAD_RESETS` sets the layers' stream resets per second
+//! (`PoliciesBuilder::resets_per_second`; `none`: every loser reset at once, as gRFC A6 says;
+//! unset: the crate's default). `RUST_LOG` installs a tracing subscriber on stderr, e.g.
+//! `RUST_LOG=h2::codec::framed_read=debug` to see every `RST_STREAM` and `GOAWAY` frame.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -194,13 +199,21 @@ impl Budget {
             Ok(config) => config,
             Err(error) => panic!("the bench's service config does not parse: {error}"),
         };
-        match self {
-            Budget::None => config
-                .policies_builder_with(PolicyOptions::new())
-                .hedge_budget(None)
-                .build(),
-            Budget::Default => config.policies(),
+        let mut builder = config.policies_builder_with(PolicyOptions::new());
+        if self == Budget::None {
+            builder = builder.hedge_budget(None);
         }
+        // `HEDGE_LOAD_RESETS`: the layer's stream resets per second (`none`: no limit, every
+        // loser reset at once, as A6 says); the crate's default otherwise.
+        match std::env::var("HEDGE_LOAD_RESETS").as_deref() {
+            Ok("none") => builder = builder.resets_per_second(None),
+            Ok(limit) => match limit.parse() {
+                Ok(limit) => builder = builder.resets_per_second(Some(limit)),
+                Err(_) => panic!("HEDGE_LOAD_RESETS must be `none` or a number: {limit:?}"),
+            },
+            Err(_) => {}
+        }
+        builder.build()
     }
 }
 
@@ -609,6 +622,9 @@ struct Outcome {
     invocations: u64,
     cancelled: u64,
     kinds: BTreeMap<String, u64>,
+    /// The layer's own statistics: losers let finish, resets past its limit.
+    let_finish: u64,
+    over_limit: u64,
 }
 
 /// Runs the callers against `addr` for `seconds`, then drains them; the client is gone when
@@ -617,7 +633,7 @@ async fn drive(
     scenario: &Scenario,
     addr: SocketAddr,
     seconds: f64,
-) -> Result<(f64, Arc<ClientCounts>), String> {
+) -> Result<(f64, Arc<ClientCounts>, Policies), String> {
     let mut endpoint = Endpoint::from_shared(format!("http://{addr}"))
         .map_err(|e| format!("bad endpoint: {e}"))?
         .tcp_nodelay(true);
@@ -628,8 +644,9 @@ async fn drive(
         .connect()
         .await
         .map_err(|e| format!("cannot connect: {e}"))?;
+    let policies = scenario.budget.policies();
     let service = ServiceBuilder::new()
-        .layer(HedgeLayer::new(scenario.budget.policies()))
+        .layer(HedgeLayer::new(policies.clone()))
         .service(channel);
     let client = EchoClient::new(service);
 
@@ -662,7 +679,7 @@ async fn drive(
     // The last clone of the channel is gone with the callers: let its connection task see it
     // and close the connection, so that the server has seen every reset when it is read.
     tokio::time::sleep(Duration::from_millis(100)).await;
-    Ok((elapsed, counts))
+    Ok((elapsed, counts, policies))
 }
 
 fn run(scenario: &Scenario, seconds: f64) -> Result<Outcome, String> {
@@ -675,7 +692,11 @@ fn run(scenario: &Scenario, seconds: f64) -> Result<Outcome, String> {
     runtime.shutdown_timeout(Duration::from_secs(1));
     let counts = Arc::clone(&server.counts);
     server.stop();
-    let (seconds, client) = driven?;
+    let (seconds, client, policies) = driven?;
+    let stats = policies.stats().snapshot();
+    let sum = |field: fn(&tower_retry_hedge::stats::MethodSnapshot) -> u64| {
+        stats.methods.values().map(field).sum::<u64>()
+    };
     let kinds = match client.kinds.lock() {
         Ok(kinds) => kinds.clone(),
         Err(poisoned) => poisoned.into_inner().clone(),
@@ -688,6 +709,8 @@ fn run(scenario: &Scenario, seconds: f64) -> Result<Outcome, String> {
         invocations: counts.invocations.load(Ordering::Relaxed),
         cancelled: counts.cancelled.load(Ordering::Relaxed),
         kinds,
+        let_finish: sum(|m| m.attempts_let_finish),
+        over_limit: sum(|m| m.resets_over_limit),
     })
 }
 
@@ -713,11 +736,22 @@ fn print_legend(seconds: f64) {
     println!("  conns        TCP connections the server accepted (1: never torn down)");
     println!("  att/call     attempts that reached the server's handler / calls");
     println!("  cancels/s    handlers dropped before finishing (hedges cancelled) / secs");
+    println!("  finish/s     losers the layer let finish instead of resetting them / secs");
+    println!("  over         losers reset past the layer's limit (none could be let finish)");
     println!("  failures     failed calls by status code and kind of error, or -");
     println!();
     println!(
-        "{:<NAME_WIDTH$} {:>6} {:>8} {:>8} {:>7} {:>6} {:>8} {:>9}  failures",
-        "scenario", "secs", "calls", "calls/s", "failed", "conns", "att/call", "cancels/s"
+        "{:<NAME_WIDTH$} {:>6} {:>8} {:>8} {:>7} {:>6} {:>8} {:>9} {:>8} {:>5}  failures",
+        "scenario",
+        "secs",
+        "calls",
+        "calls/s",
+        "failed",
+        "conns",
+        "att/call",
+        "cancels/s",
+        "finish/s",
+        "over"
     );
 }
 
@@ -738,7 +772,7 @@ fn print_row(name: &str, outcome: &Outcome) {
             .join("; ")
     };
     println!(
-        "{name:<NAME_WIDTH$} {:>6.1} {:>8} {:>8.0} {:>7} {:>6} {:>8.2} {:>9.0}  {failures}",
+        "{name:<NAME_WIDTH$} {:>6.1} {:>8} {:>8.0} {:>7} {:>6} {:>8.2} {:>9.0} {:>8.0} {:>5}  {failures}",
         outcome.seconds,
         outcome.calls,
         outcome.calls as f64 / outcome.seconds,
@@ -746,10 +780,19 @@ fn print_row(name: &str, outcome: &Outcome) {
         outcome.connections,
         per_call,
         outcome.cancelled as f64 / outcome.seconds,
+        outcome.let_finish as f64 / outcome.seconds,
+        outcome.over_limit,
     );
 }
 
 fn main() {
+    if std::env::var("RUST_LOG").is_ok() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .with_thread_names(true)
+            .init();
+    }
     // `cargo bench` passes `--bench`; every other argument is a filter.
     let filters: Vec<String> = std::env::args()
         .skip(1)

@@ -2,9 +2,11 @@
 //!
 //! A call commits to one attempt (gRFC A6): the layers choose it ([`ReplayBody::commit_to`]),
 //! or the body chooses it, inside whichever task polls it, when it outgrows a limit or its
-//! source fails. Either way the record stops recording, what the chosen reader has sent goes
-//! back to the budget at once, every other reader fails with [`NotReplayable`], and the call's
-//! waiter ([`ReplayBody::poll_committed`]) is woken to cancel the other attempts.
+//! source fails. Either way the record stops recording, the call's waiter
+//! ([`ReplayBody::poll_committed`]) is woken to cancel the other attempts, and, while the
+//! source has not ended, what the chosen reader has sent goes back to the budget at once and
+//! every other reader fails with [`NotReplayable`]. A body recorded whole may still be sent
+//! to its end by every reader.
 //!
 //! [`NotReplayable`]: super::NotReplayable
 
@@ -46,15 +48,21 @@ impl<B> ReplayBody<B> {
     /// already; returns whether the call is now committed to `reader`. It may be called from
     /// any clone: the layers call it on the never-polled template they keep.
     ///
-    /// From then on the record records nothing more, and every chunk `reader` has already
-    /// sent goes back to the budget at once, even while `reader` keeps streaming from the
-    /// source; the chunks it has yet to send go back as it sends them. Every other reader
-    /// fails with [`NotReplayable`]: those waiting for the source are woken to find out, and
-    /// so is the call's waiter ([`poll_committed`](Self::poll_committed)).
+    /// From then on the record records nothing more. While the source has not ended, every
+    /// chunk `reader` has already sent goes back to the budget at once, even while `reader`
+    /// keeps streaming from the source; the chunks it has yet to send go back as it sends
+    /// them. Every other reader fails with [`NotReplayable`] (one that has sent every recorded
+    /// chunk waits for `reader` to find out whether the source ends there, and ends too if it
+    /// does): those waiting for the source are woken to find out, and so is the call's waiter
+    /// ([`poll_committed`](Self::poll_committed)). If `reader` was made but has since been
+    /// dropped, the whole record is freed at once: no reader may send it any more.
     ///
-    /// If `reader` was made but has since been dropped (hyper drops a request body once it
-    /// has sent all of it, often before the response arrives), the call is committed to it
-    /// all the same, and the whole record is freed at once: no reader may send it any more.
+    /// Once the source has ended, the record holds the whole body: every reader may still
+    /// send it to the end, as a complete request (a reader that fails makes its transport
+    /// reset the stream, which HTTP/2 peers count against the connection), and the record
+    /// goes back to the budget when the last clone is dropped. hyper drops a request body
+    /// once it has sent all of it, often before the response arrives.
+    ///
     /// An id this body never gave out commits nothing and returns `false`: committing to it
     /// would fail every real attempt.
     ///
@@ -62,8 +70,9 @@ impl<B> ReplayBody<B> {
     ///
     /// ```
     /// use bytes::Bytes;
-    /// use http_body_util::{BodyExt, Full};
-    /// use tower_retry_hedge::body::{BufferLimits, NotReplayable, ReplayBody};
+    /// use http_body::Frame;
+    /// use http_body_util::{BodyExt, Full, StreamBody};
+    /// use tower_retry_hedge::body::{BoxError, BufferLimits, NotReplayable, ReplayBody};
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), tower_retry_hedge::body::BoxError> {
@@ -77,8 +86,25 @@ impl<B> ReplayBody<B> {
     ///
     /// // The first attempt's response has come: it is the one that goes on.
     /// assert!(template.commit_to(first_id));
-    /// assert_eq!(limits.in_use(), 0); // it had sent everything
     /// assert!(!template.commit_to(second.reader_id()));
+    /// // The body was recorded whole: the other attempt may still send it, complete.
+    /// assert_eq!(second.collect().await?.to_bytes(), "hello");
+    /// drop(template);
+    /// assert_eq!(limits.in_use(), 0);
+    ///
+    /// // A body still streaming when the call commits: the rest is never recorded, and the
+    /// // other readers fail.
+    /// let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, BoxError>>(2);
+    /// let streaming = StreamBody::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+    /// let template = ReplayBody::try_new(streaming, &limits)
+    ///     .map_err(|_| "body too large to replay")?;
+    /// let (mut first, second) = (template.clone(), template.clone());
+    /// tx.send(Ok(Frame::data(Bytes::from_static(b"he")))).await?;
+    /// first.frame().await.ok_or("a frame")??;
+    /// assert!(template.commit_to(first.reader_id()));
+    /// tx.send(Ok(Frame::data(Bytes::from_static(b"llo")))).await?;
+    /// drop(tx);
+    /// assert_eq!(first.collect().await?.to_bytes(), "llo");
     /// let error = second.collect().await.err().ok_or("the other attempt must fail")?;
     /// assert!(error.is::<NotReplayable>());
     /// # Ok(())
@@ -99,6 +125,9 @@ impl<B> ReplayBody<B> {
                 reason: Reason::Chosen,
             });
             match state.positions.of(reader) {
+                // A record that holds the whole body is kept for the readers still sending
+                // it, until the last is dropped (see `SourceState::excludes`).
+                _ if state.is_whole() => state.kept = true,
                 Some(next_chunk) => state.record.free_before(next_chunk),
                 // Dropped: no reader may send the record any more.
                 None => state.record.free_all(),

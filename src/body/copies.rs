@@ -80,12 +80,15 @@ pub trait Copies<B> {
     /// Commits the call to the attempt whose body is reader `reader`, unless the call is
     /// committed already; returns whether the call is now committed to `reader`.
     ///
-    /// What the recorded body holds goes back to the budget at once: every chunk that attempt
-    /// has sent, and the rest as it sends them; every other attempt's body fails with
-    /// [`NotReplayable`](super::NotReplayable). A reader that has been dropped may be
-    /// committed to (the whole record is then freed); an id the call never gave out commits
-    /// nothing and returns `false` (see [`ReplayBody::commit_to`]). Copies that record
-    /// nothing ([`Clones`]) have nothing to commit: this returns `true` and changes nothing.
+    /// No new copy can be made. While the source has not ended, what the record holds goes
+    /// back to the budget at once: every chunk that attempt has sent, and the rest as it
+    /// sends them; every other attempt's body fails with
+    /// [`NotReplayable`](super::NotReplayable). Once the source has ended, every attempt may
+    /// still send the whole body (a hedge that lost is then a complete request, not a reset
+    /// stream), and the record goes back when the last copy is dropped. A reader that has
+    /// been dropped may be committed to; an id the call never gave out commits nothing and
+    /// returns `false` (see [`ReplayBody::commit_to`]). Copies that record nothing
+    /// ([`Clones`]) have nothing to commit: this returns `true` and changes nothing.
     ///
     /// ```
     /// use bytes::Bytes;
@@ -104,11 +107,15 @@ pub trait Copies<B> {
     /// let copies = body.prepare(&limits).map_err(|_| "body too large to replay")?;
     ///
     /// let (first, reader) = copies.first();
+    /// let (second, _) = copies.copy().ok_or("not committed yet")?;
     /// assert_eq!(first.collect().await?.to_bytes(), "abcd");
     /// assert_eq!(limits.in_use(), 4);
     /// assert!(copies.commit(reader)); // its response has come
-    /// assert_eq!(limits.in_use(), 0);
     /// assert!(copies.copy().is_none());
+    /// // The body was recorded whole: the other attempt may still send all of it.
+    /// assert_eq!(second.collect().await?.to_bytes(), "abcd");
+    /// drop(copies);
+    /// assert_eq!(limits.in_use(), 0);
     /// # Ok(())
     /// # }
     /// ```

@@ -36,6 +36,11 @@
 //!   the body as usual; the record is freed at once and its bytes go back to the budget;
 //!   every other reader, and every clone made later, fails with [`NotReplayable`], and
 //!   [`ReplayBody::is_committed`] tells the retry and hedge layers that no attempt may start.
+//! - After any commit, a reader that has already sent the whole body ends it as the source
+//!   did rather than failing: its request is complete, and a transport that saw it fail would
+//!   reset its stream. One at the end of the record while the source has not ended yet waits
+//!   for the committed reader to find out: it ends if the source ends there, and fails if
+//!   more comes (never recorded) or the committed reader is dropped.
 //! - The layers may commit a call themselves, from any clone ([`ReplayBody::commit_to`]), for
 //!   example once an attempt receives response headers: what that reader has sent is freed at
 //!   once, even while it keeps streaming, and the rest of the record as it sends it.
@@ -211,6 +216,12 @@ struct SourceState<B> {
     record: Record,
     /// How the source ended, once it has; `Some` exactly when `source` is `None`.
     end: Option<SourceEnd>,
+    /// The source gave a frame after the call committed, which the record does not hold: a
+    /// reader that has sent every recorded chunk may be short of the body.
+    unrecorded: bool,
+    /// The call committed when the record held the whole body: every reader may still send
+    /// it, and the record is kept until the last reader is dropped.
+    kept: bool,
     /// The reader the call is committed to, once it is.
     commit: Option<Commit>,
     /// Where each live reader is in the record.
@@ -375,6 +386,8 @@ where
                 source,
                 record: Record::new(limits.clone()),
                 end,
+                unrecorded: false,
+                kept: false,
                 commit: None,
                 positions,
                 next_id: 1,
@@ -536,13 +549,19 @@ impl<B> Drop for ReplayBody<B> {
         }
         let mut state = self.shared.lock();
         state.positions.remove(self.cursor.slot);
-        if state
-            .commit
-            .as_ref()
-            .is_some_and(|commit| commit.reader == self.cursor.id)
+        if !state.kept
+            && state
+                .commit
+                .as_ref()
+                .is_some_and(|commit| commit.reader == self.cursor.id)
         {
             // The one reader allowed to send the rest of the record is gone.
             state.record.free_all();
+            drop(state);
+            // Readers waiting to learn from it how the source ends will not: they fail.
+            if let Some(source_waker) = self.shared.waiters.get() {
+                source_waker.waiters.wake_all_except(None);
+            }
         }
     }
 }

@@ -26,8 +26,22 @@ where
         cx: &mut Context<'_>,
         after: &mut After<'_, B>,
     ) -> Polled {
-        if let Some(reason) = cursor.excluded(&self.commit) {
-            let reason = reason.clone();
+        if let Some(reason) = self.excludes(cursor).cloned() {
+            let at_the_end = self.positions.next_chunk(cursor.slot) >= self.record.end();
+            if at_the_end && self.is_whole() {
+                // The source ended after the commit with nothing more: this reader had sent
+                // the whole body, and ends it as the source did.
+                cursor.done = true;
+                return match &self.end {
+                    Some(SourceEnd::Trailers(trailers)) => {
+                        Poll::Ready(Some(Ok(Frame::trailers(trailers.clone()))))
+                    }
+                    _ => Poll::Ready(None),
+                };
+            }
+            if at_the_end && self.may_still_end() {
+                return wait(waiters, None, cursor, cx);
+            }
             return Poll::Ready(Some(Err(cursor.fail(reason))));
         }
 
@@ -42,7 +56,7 @@ where
             let next_chunk = next_chunk.saturating_add(1);
             self.positions.set_next_chunk(cursor.slot, next_chunk);
             cursor.sent(&chunk);
-            if self.commit.is_some() {
+            if self.commit.is_some() && !self.kept {
                 // Committed to this reader: what it has sent will never be sent again.
                 self.record.free_before(next_chunk);
             }
@@ -67,6 +81,17 @@ where
             None => {}
         }
         self.poll_source(cursor, waiters, cx, after)
+    }
+
+    /// Whether a reader cut off by a commit at the end of the record, before the source
+    /// ended, may still find the record whole: the reader the call is committed to pulls the
+    /// source on and tells, unless it is gone. Such a reader waits rather than fails.
+    fn may_still_end(&self) -> bool {
+        let committed_alive = self
+            .commit
+            .as_ref()
+            .is_some_and(|commit| self.positions.of(commit.reader).is_some());
+        self.end.is_none() && !self.unrecorded && committed_alive
     }
 
     fn poll_source(
@@ -119,9 +144,15 @@ where
         // Zero-copy when `data` is `Bytes`: a reference-count bump.
         let chunk = data.copy_to_bytes(len);
         cursor.sent(&chunk);
-        if chunk.is_empty() || self.commit.is_some() {
-            // Nothing to record: an empty chunk, or a committed call, whose reader at the
-            // front has already had everything it sent freed by the commit.
+        if chunk.is_empty() {
+            return Poll::Ready(Some(Ok(Frame::data(chunk))));
+        }
+        if self.commit.is_some() {
+            // Not recorded: the call is committed, and its reader at the front has already
+            // had everything it sent freed. Readers waiting at the end of the record learn
+            // that they are short of the body.
+            self.unrecorded = true;
+            after.wake_others = true;
             return Poll::Ready(Some(Ok(Frame::data(chunk))));
         }
         match self.record.try_push(&chunk) {
@@ -147,6 +178,8 @@ where
             reader: cursor.id,
             reason: Reason::Limit(overflow),
         });
+        // The chunk is not recorded.
+        self.unrecorded = true;
         // `cursor` is at the front: it has sent every recorded chunk.
         self.record.free_all();
         after.commit_waker = self.commit_waker.take();
@@ -165,6 +198,7 @@ where
         let end = if self.commit.is_none() {
             SourceEnd::Trailers(trailers.clone())
         } else {
+            self.unrecorded = true;
             SourceEnd::Eos
         };
         let polled = Poll::Ready(Some(Ok(Frame::trailers(trailers))));
@@ -229,7 +263,7 @@ fn wait(
 
 impl<B: Body> SourceState<B> {
     pub(super) fn size_hint(&self, cursor: &Cursor) -> SizeHint {
-        if cursor.done || cursor.excluded(&self.commit).is_some() {
+        if cursor.done || self.excludes(cursor).is_some() {
             return SizeHint::with_exact(0);
         }
         let recorded = if self.positions.next_chunk(cursor.slot) < self.record.end() {
@@ -258,7 +292,7 @@ impl<B: Body> SourceState<B> {
         if cursor.done {
             return true;
         }
-        if cursor.excluded(&self.commit).is_some()
+        if self.excludes(cursor).is_some()
             || self.positions.next_chunk(cursor.slot) < self.record.end()
         {
             return false;
@@ -269,5 +303,25 @@ impl<B: Body> SourceState<B> {
             (None, Some(source)) => source.get().is_end_stream(),
             (None, None) => true,
         }
+    }
+}
+
+impl<B> SourceState<B> {
+    /// Whether `cursor` may no longer send the body, and why: the call is committed to
+    /// another reader, and the record did not hold the whole body then. A body the record
+    /// held whole when the call committed may be sent to the end by every reader: its
+    /// request is complete, and a transport that saw it fail instead would reset its stream,
+    /// which peers' rapid-reset guards count (see `crate::resets`). Its record is then kept
+    /// until the last reader is dropped.
+    pub(super) fn excludes(&self, cursor: &Cursor) -> Option<&Reason> {
+        if self.kept {
+            return None;
+        }
+        cursor.excluded(&self.commit)
+    }
+
+    /// Whether the record holds the whole body.
+    pub(super) fn is_whole(&self) -> bool {
+        matches!(self.end, Some(SourceEnd::Eos | SourceEnd::Trailers(_))) && !self.unrecorded
     }
 }

@@ -153,8 +153,8 @@ fn a_commit_to_a_reader_behind_frees_chunks_as_it_sends_them() {
     assert!(copies.commit(reader));
     assert_eq!(limits.in_use(), 9, "the chunk it has sent is freed at once");
     assert!(!copies.commit(ahead.reader_id()));
-    let error = expect_not_replayable(poll_noop(&mut ahead));
-    assert!(!error.is_over_limit() && !error.is_source_failure());
+    // At the end of the record, the reader cut off waits for how the source goes on.
+    assert!(poll_noop(&mut ahead).is_pending());
 
     for (expected, held) in [("bb", 7), ("ccc", 4), ("dddd", 0)] {
         assert_eq!(expect_data(poll_noop(&mut behind)), expected);
@@ -167,6 +167,9 @@ fn a_commit_to_a_reader_behind_frees_chunks_as_it_sends_them() {
     assert_eq!(limits.in_use(), 0);
     expect_end(poll_noop(&mut behind));
     assert_eq!(behind.bytes_read(), 15);
+    // "eeeee" was never recorded: the reader cut off is short of it, and fails.
+    let error = expect_not_replayable(poll_noop(&mut ahead));
+    assert!(!error.is_over_limit() && !error.is_source_failure());
 }
 
 #[test]
@@ -181,18 +184,62 @@ fn an_excluded_reader_waiting_for_the_source_is_woken_by_a_commit() {
     assert!(poll(&mut ahead, &waker).is_pending());
 
     assert!(copies.commit(reader));
-    assert_eq!(
-        woken.get(),
-        1,
-        "a reader that can never be sent anything must find out"
-    );
-    assert!(!expect_not_replayable(poll(&mut ahead, &waker)).is_over_limit());
-    expect_end(poll(&mut ahead, &waker));
+    assert_eq!(woken.get(), 1, "a reader cut off by a commit must find out");
+    // It has sent all the record holds: it waits to learn from the chosen reader whether
+    // the source ends there.
+    assert!(poll(&mut ahead, &waker).is_pending());
 
     assert_eq!(expect_data(poll_noop(&mut chosen)), "ab");
     assert_eq!(limits.in_use(), 0);
     gate.open();
     assert_eq!(drain(&mut chosen).unwrap().data, b"cd");
+    // It did not: the rest, never recorded, cannot be sent to it.
+    assert!(
+        woken.get() >= 2,
+        "woken when the chosen reader went past the record"
+    );
+    assert!(!expect_not_replayable(poll(&mut ahead, &waker)).is_over_limit());
+    expect_end(poll(&mut ahead, &waker));
+}
+
+#[test]
+fn a_reader_cut_off_at_the_end_of_the_record_ends_the_body_if_the_source_ends_there() {
+    // The first attempt has sent "ab" (all there is, though the source has not said so yet)
+    // when the call commits to the second: once the second finds the source's end, the
+    // first's request is whole, and ends as a request should, not with an error.
+    let (source, gate) = script(&[b"ab"], 1);
+    let limits = big();
+    let copies = recorded(source, &limits);
+    let (mut first, _) = copies.first();
+    let (mut second, second_reader) = copies.copy().unwrap();
+    let (woken, waker) = counting_waker();
+    expect_data(poll(&mut first, &waker));
+    assert!(poll(&mut first, &waker).is_pending());
+    assert!(copies.commit(second_reader));
+    assert!(poll(&mut first, &waker).is_pending());
+    let before = woken.get();
+    gate.open();
+    assert_eq!(drain(&mut second).unwrap().data, b"ab");
+    assert!(woken.get() > before, "woken by the source's end");
+    expect_end(poll(&mut first, &waker));
+
+    // If the chosen reader goes away instead, no one will find the end: it fails.
+    let (source, _gate) = script(&[b"ab"], 1);
+    let copies = recorded(source, &limits);
+    let (mut first, _) = copies.first();
+    let (second, second_reader) = copies.copy().unwrap();
+    let (woken, waker) = counting_waker();
+    expect_data(poll(&mut first, &waker));
+    assert!(poll(&mut first, &waker).is_pending());
+    assert!(copies.commit(second_reader));
+    assert!(poll(&mut first, &waker).is_pending());
+    let before = woken.get();
+    drop(second);
+    assert!(
+        woken.get() > before,
+        "woken when the chosen reader went away"
+    );
+    expect_not_replayable(poll(&mut first, &waker));
 }
 
 #[test]
@@ -241,11 +288,61 @@ fn a_commit_to_a_reader_never_made_commits_nothing() {
     expect_data(poll_noop(&mut first));
     assert_eq!(drain(&mut second).unwrap().data, b"abcd");
     assert!(copies.commit(second_reader));
-    assert!(
-        expect_not_replayable(poll_noop(&mut first))
-            .to_string()
-            .contains("committed")
+    // The first reader had sent the whole body: it ends it, as the source did.
+    expect_end(poll_noop(&mut first));
+}
+
+#[test]
+fn a_commit_with_the_whole_body_recorded_lets_every_reader_send_it_and_keeps_the_record() {
+    // The source ended before the commit: every reader can still send the whole body (a
+    // hedge that lost is a complete request, not a stream reset), and the record is kept
+    // until the last reader is dropped.
+    let steps = vec![
+        Step::Data(Bytes::from_static(b"ab")),
+        Step::Data(Bytes::from_static(b"cd")),
+        Step::Trailers(trailers("t")),
+    ];
+    let (source, _gate) = Script::new(steps, false);
+    let limits = big();
+    let copies = recorded(source, &limits);
+    let (mut winner, winner_reader) = copies.first();
+    let (mut whole, _) = copies.copy().unwrap();
+    let (mut behind, _) = copies.copy().unwrap();
+    assert_eq!(drain(&mut winner).unwrap().data, b"abcd");
+    expect_data(poll_noop(&mut whole));
+    expect_data(poll_noop(&mut whole));
+    expect_data(poll_noop(&mut behind));
+    assert!(copies.commit(winner_reader));
+    assert!(copies.copy().is_none(), "no new attempt starts");
+    assert_eq!(limits.in_use(), 4, "kept for the readers still sending");
+    assert_eq!(expect_trailers(poll_noop(&mut whole)), trailers("t"));
+    expect_end(poll_noop(&mut whole));
+    let rest = drain(&mut behind).unwrap();
+    assert_eq!(
+        (rest.data.as_slice(), rest.trailers),
+        (&b"cd"[..], Some(trailers("t")))
     );
+    drop((winner, whole, behind));
+    assert_eq!(limits.in_use(), 4, "the template still holds it");
+    drop(copies);
+    assert_eq!(limits.in_use(), 0);
+}
+
+#[test]
+fn after_a_commit_made_before_the_source_ended_no_other_reader_ends_the_body() {
+    // The commit came first: what the source sent after it was never recorded, so a reader
+    // at the end of the record may be short of the body, and fails.
+    let (source, gate) = script(&[b"ab", b"cd"], 1);
+    let limits = big();
+    let copies = recorded(source, &limits);
+    let (mut winner, winner_reader) = copies.first();
+    let (mut loser, _) = copies.copy().unwrap();
+    expect_data(poll_noop(&mut winner));
+    expect_data(poll_noop(&mut loser));
+    assert!(copies.commit(winner_reader));
+    gate.open();
+    assert_eq!(drain(&mut winner).unwrap().data, b"cd");
+    expect_not_replayable(poll_noop(&mut loser));
 }
 
 #[test]
