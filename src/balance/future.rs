@@ -102,8 +102,14 @@ where
                         }
                     }
                     Err(error) => {
-                        health.record(Score::Failure);
-                        Err(error.into())
+                        let error = error.into();
+                        // A connection an HTTP/2 reset guard closed says nothing of the
+                        // backend: the client's own resets (or its hedges' at the server)
+                        // tripped it.
+                        if crate::resets::Guard::of(&*error).is_none() {
+                            health.record(Score::Failure);
+                        }
+                        Err(error)
                     }
                 })
             }

@@ -91,7 +91,9 @@ async fn a_failure_in_the_trailers_counts_once_the_body_is_read() {
     assert_eq!(ejected[0].reason, EjectionReason::ConsecutiveFailures);
 }
 
-/// A backend answering `status` (HTTP) with no gRPC status, or failing when `status` is 0.
+/// A backend answering `status` (HTTP) with no gRPC status, or failing when `status` is 0,
+/// or failing as h2 fails the calls of a connection its own reset guard closed when
+/// `status` is 1.
 fn http_backend(
     status: u16,
 ) -> PendingRequests<BoxService<Req, http::Response<http_body_util::Empty<bytes::Bytes>>, BoxError>>
@@ -102,6 +104,11 @@ fn http_backend(
                 "connection reset".into(),
             );
         }
+        if status == 1 {
+            let closed =
+                r#"connection error detected: ENHANCE_YOUR_CALM (b"too_many_internal_resets")"#;
+            return Err(closed.into());
+        }
         Ok(http::Response::builder()
             .status(status)
             .body(http_body_util::Empty::new())
@@ -111,13 +118,16 @@ fn http_backend(
 }
 
 #[tokio::test(start_paused = true)]
-async fn http_5xx_429_and_errors_count_as_failures_4xx_does_not() {
+async fn http_5xx_429_and_errors_count_as_failures_4xx_and_reset_guards_do_not() {
+    // A connection an HTTP/2 reset guard closed (`1`) is the client's doing, not the
+    // backend's.
     for (status, fails) in [
         (503, true),
         (500, true),
         (429, true),
         (0, true),
         (404, false),
+        (1, false),
     ] {
         let mut balance = Balance::with_seed(
             ServiceList::new(vec![
