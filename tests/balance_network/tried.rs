@@ -68,7 +68,7 @@ type Attempts = Vec<(Option<usize>, bool)>;
 /// Sends `CALLS` hedged calls at once, numbered from `first`, through a fresh channel over
 /// `servers`; gives each call's attempts and how many calls failed.
 async fn burst(servers: &[EchoPeer; 3], first: u32) -> (Vec<Attempts>, usize) {
-    let policies = hedged_and_tracked(ms(5));
+    let policies = hedged_and_tracked(ms(5), false);
     let channel = BalancedChannel::balance_list(servers.each_ref().map(EchoPeer::endpoint));
     let noted = MapRequestLayer::new(Kinds::note).layer(channel);
     let client = EchoClient::new(HedgeLayer::new(policies).layer(noted));
