@@ -647,11 +647,14 @@ where
             {
                 delay.record(inputs.now().saturating_duration_since(sent_at));
             }
-            let stopped = take_attempts(this.first.as_mut(), &mut state.later, |_| false);
-            for (id, future) in stopped {
-                state.stop(id, future);
+            // A call answered by its only attempt has nothing left to stop.
+            if this.first.is_some() || state.later.is_some() {
+                let stopped = take_attempts(this.first.as_mut(), &mut state.later, |_| false);
+                for (id, future) in stopped {
+                    state.stop(id, future);
+                }
+                state.later = None;
             }
-            state.later = None;
             let grpc = state.engine.grpc();
             let engine = &state.engine;
             Some(finish(
