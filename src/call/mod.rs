@@ -14,7 +14,9 @@ use tokio::time::Instant;
 use tower_service::Service;
 
 pub use self::future::ResponseFuture;
-pub(crate) use self::handles::{Handles, Padded};
+pub(crate) use self::handles::Handles;
+#[cfg(feature = "grpc")]
+pub(crate) use self::handles::Padded;
 use crate::body::{BufferLimits, Copies, Replay};
 use crate::engine::{self, BodyKind, CallFacts, CommitBody, Dispatch, Engine, Mode, Plan, Start};
 use crate::grpc_timeout;
