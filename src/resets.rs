@@ -25,6 +25,11 @@
 //!
 //! A call the caller drops is cancelled at once, as always: its resets are taken from the
 //! bucket all the same.
+//!
+//! A loser let finish must be able to finish: its request body is the replay body's, which
+//! sends a body it recorded whole to every attempt, even after the call committed to another
+//! (see [`crate::body`]). Otherwise its transport would reset the stream itself when the
+//! body failed.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -68,9 +73,9 @@ const MAX_FINISH_BYTES: u64 = 1 << 20;
 /// How often at most the guard warning is logged per table.
 const WARN_EVERY: Duration = Duration::from_secs(10);
 
-/// The resets the calls of one table made in the last second, and the attempts they let
-/// finish instead. Only a stopped attempt touches it: a call answered by its first attempt
-/// never does.
+/// The stream resets the calls of one table may make, and the attempts they let finish
+/// instead. Only a stopped attempt touches it: a call answered by its first attempt never
+/// does.
 pub(crate) struct StreamResets {
     /// `None`: every stopped attempt is reset at once (gRFC A6 as written).
     per_second: Option<u32>,
@@ -383,9 +388,9 @@ where
     }
 }
 
-/// Lets `attempt` finish on a task of its own (a [`Stop::Finish`] decision of `resets`),
-/// until the call's `deadline` has been past a while, or [`MAX_FINISH_TIME`]. Outside a tokio
-/// runtime it is dropped (reset) instead.
+/// Lets `attempt` finish on a task of its own (a [`Stop::Finish`] decision of `resets`, whose
+/// slot it gives back when it ends), until the call's `deadline` has been past a while, or
+/// [`MAX_FINISH_TIME`]. Outside a tokio runtime it is dropped (reset) instead.
 pub(crate) fn finish<F, E, RB>(
     resets: &Arc<StreamResets>,
     attempt: Pin<Box<F>>,
@@ -401,18 +406,20 @@ pub(crate) fn finish<F, E, RB>(
     if let Some(deadline) = deadline {
         until = until.min(deadline.max(now) + PAST_DEADLINE);
     }
+    let resets = Arc::clone(resets);
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        // No runtime to run it on: the attempt is dropped (reset), and its slot given back.
+        resets.finished();
+        return;
+    };
     let task = Finish {
         state: FinishState::Answer { future: attempt },
         until: tokio::time::sleep_until(until),
-        resets: Arc::clone(resets),
+        resets,
         stats,
         read: 0,
     };
-    match tokio::runtime::Handle::try_current() {
-        Ok(runtime) => drop(runtime.spawn(task)),
-        // Dropping the task gives the slot back.
-        Err(_) => drop(task),
-    }
+    drop(runtime.spawn(task));
 }
 
 #[cfg(test)]

@@ -156,7 +156,9 @@ where
         RB: http_body::Body + Send + 'static,
     {
         let resets = self.shared.policies.stream_resets();
-        let stop = resets.stop(future.is_some());
+        // Letting it finish takes a tokio runtime to run it on.
+        let can_finish = future.is_some() && tokio::runtime::Handle::try_current().is_ok();
+        let stop = resets.stop(can_finish);
         if stop == Stop::Reset {
             return;
         }

@@ -32,20 +32,20 @@ impl http_body::Body for Upload {
 struct Upstream;
 
 impl Service<Request<Upload>> for Upstream {
-    type Response = Response<()>;
+    type Response = Response<String>;
     type Error = Infallible;
-    type Future = Ready<Result<Response<()>, Infallible>>;
+    type Future = Ready<Result<Response<String>, Infallible>>;
 
     fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         Poll::Ready(Ok(()))
     }
 
     fn call(&mut self, _: Request<Upload>) -> Self::Future {
-        ready(Ok(Response::new(())))
+        ready(Ok(Response::new(String::new())))
     }
 }
 
-async fn send(upstream: Retry<Upstream>) -> Result<Response<()>, BoxError> {
+async fn send(upstream: Retry<Upstream>) -> Result<Response<String>, BoxError> {
     upstream.oneshot(Request::new(Upload)).await
 }
 
