@@ -37,7 +37,7 @@
 //!         let response = http::Response::builder()
 //!             .header("content-type", "application/grpc")
 //!             .header("grpc-status", status)
-//!             .body(())?;
+//!             .body(http_body_util::Empty::<Bytes>::new())?;
 //!         Ok::<_, http::Error>(response)
 //!     }
 //! });

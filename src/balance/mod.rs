@@ -171,7 +171,7 @@
 //!         let response = http::Response::builder()
 //!             .header("content-type", "application/grpc")
 //!             .header("grpc-status", status)
-//!             .body(())?;
+//!             .body(http_body_util::Empty::<bytes::Bytes>::new())?;
 //!         Ok::<_, BoxError>(response)
 //!     });
 //!     PendingRequests::new(service, CompleteOnResponse::default())

@@ -123,7 +123,7 @@
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
 //! use bytes::Bytes;
-//! use http_body_util::Full;
+//! use http_body_util::{Empty, Full};
 //! use std::time::Duration;
 //! use tower::{service_fn, ServiceBuilder, ServiceExt};
 //! use tower_retry_hedge::backoff::{Exponential, Jitter};
@@ -149,7 +149,7 @@
 //!     async move {
 //!         let status = if n == 0 { 503 } else { 200 };
 //!         Ok::<_, std::convert::Infallible>(
-//!             http::Response::builder().status(status).body(()).unwrap(),
+//!             http::Response::builder().status(status).body(Empty::<Bytes>::new()).unwrap(),
 //!         )
 //!     }
 //! });

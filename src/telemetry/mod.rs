@@ -79,7 +79,7 @@
 //! let calls = std::sync::atomic::AtomicU32::new(0);
 //! let server = service_fn(|_: http::Request<Full<Bytes>>| {
 //!     let status = if calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed) == 0 { 503 } else { 200 };
-//!     async move { http::Response::builder().status(status).body(()) }
+//!     async move { http::Response::builder().status(status).body(http_body_util::Empty::<Bytes>::new()) }
 //! });
 //! let request = http::Request::get("http://example.test/items").body(Full::new(Bytes::new()))?;
 //! let response = RetryLayer::new(policies).layer(server).oneshot(request).await?;
