@@ -88,6 +88,9 @@ use tower::ServiceBuilder;
 use tower_retry_hedge::config::PolicyOptions;
 use tower_retry_hedge::{Hedge, HedgeLayer, Policies, ServiceConfig};
 
+#[path = "support/server_thread.rs"]
+mod server_thread;
+
 /// Code generated from `tests/proto/echo.proto` (package `test.echo`).
 #[allow(
     clippy::all,
@@ -399,38 +402,11 @@ impl ServerHandle {
     fn start(scenario: &Scenario) -> std::io::Result<ServerHandle> {
         let counts = Arc::new(ServerCounts::default());
         let (shutdown, signal) = watch::channel(false);
-        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
         let handler = scenario.handler;
         let settings = scenario.settings;
         let server_counts = Arc::clone(&counts);
-        let thread = std::thread::Builder::new()
-            .name("hedge-load-server".into())
-            .spawn(move || {
-                let runtime = match tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                {
-                    Ok(runtime) => runtime,
-                    Err(error) => {
-                        let _ = addr_tx.send(Err(error));
-                        return;
-                    }
-                };
-                runtime.block_on(async move {
-                    let listener = match TcpListener::bind("127.0.0.1:0").await {
-                        Ok(listener) => listener,
-                        Err(error) => {
-                            let _ = addr_tx.send(Err(error));
-                            return;
-                        }
-                    };
-                    let _ = addr_tx.send(listener.local_addr());
-                    serve(listener, handler, settings, server_counts, signal).await;
-                });
-            })?;
-        let addr = addr_rx
-            .recv()
-            .map_err(|_| std::io::Error::other("the server thread ended before listening"))??;
+        let serve = move |listener| serve(listener, handler, settings, server_counts, signal);
+        let (addr, thread) = server_thread::serve_on_own_thread("hedge-load-server", serve)?;
         Ok(ServerHandle {
             addr,
             counts,

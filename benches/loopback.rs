@@ -110,6 +110,8 @@ use tower_retry_hedge::{Policies, RetryLayer, RetryPolicy, Throttle};
 
 #[path = "support/clock.rs"]
 mod clock;
+#[path = "support/server_thread.rs"]
+mod server_thread;
 #[path = "support/summary.rs"]
 mod summary;
 use clock::Clock;
@@ -387,43 +389,14 @@ async fn echo(request: Request<Incoming>) -> Result<Response<Full<Bytes>>, hyper
     Ok(Response::new(Full::new(body)))
 }
 
-/// Runs `serve` on a thread of its own, named `name`, with a current-thread runtime, and
-/// returns the address of the listener it was given (127.0.0.1, port 0). The thread lives as
+/// Runs `serve` on a thread of its own (see `support/server_thread.rs`); the thread lives as
 /// long as the process.
 fn serve_on_own_thread<F, Fut>(name: &str, serve: F) -> std::io::Result<SocketAddr>
 where
     F: FnOnce(TcpListener) -> Fut + Send + 'static,
     Fut: Future<Output = ()>,
 {
-    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
-    std::thread::Builder::new()
-        .name(name.into())
-        .spawn(move || {
-            let runtime = match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(runtime) => runtime,
-                Err(error) => {
-                    let _ = addr_tx.send(Err(error));
-                    return;
-                }
-            };
-            runtime.block_on(async move {
-                let listener = match TcpListener::bind("127.0.0.1:0").await {
-                    Ok(listener) => listener,
-                    Err(error) => {
-                        let _ = addr_tx.send(Err(error));
-                        return;
-                    }
-                };
-                let _ = addr_tx.send(listener.local_addr());
-                serve(listener).await;
-            });
-        })?;
-    addr_rx
-        .recv()
-        .map_err(|_| std::io::Error::other("the server thread ended before listening"))?
+    server_thread::serve_on_own_thread(name, serve).map(|(addr, _thread)| addr)
 }
 
 /// An HTTP/2 echo server on 127.0.0.1, on its own thread.
