@@ -15,9 +15,10 @@
 //! Either way every call on the connection fails. So the layers keep their resets within
 //! what both guards allow: each table allows [`DEFAULT_PER_SECOND`] resets a second, paced
 //! evenly (a token bucket that holds a quarter second's worth), one bucket shared by every
-//! clone of the layers built on it, whatever the connection. The client then never has more
-//! than 40 reset streams to remember in a second, and a server that lags behind never finds
-//! more than a handful reset at once before it accepted them. An attempt stopped past that is
+//! clone of the layers built on it, whatever the connection. The layers' own resets then
+//! never give the client more than 40 reset streams to remember in a second (its caller's
+//! cancellations, and other tables on the same connection, come on top), and a server that
+//! lags behind never finds more than a handful reset at once before it accepted them. An attempt stopped past that is
 //! let finish on a task of its own instead (its answer is read and dropped, a bounded number
 //! of bytes and for a bounded time), which closes its stream without a reset. That departs
 //! from gRFC A6's "cancel", and only past the limit: the server does the work it was asked
@@ -74,8 +75,8 @@ const MAX_FINISH_BYTES: u64 = 1 << 20;
 const WARN_EVERY: Duration = Duration::from_secs(10);
 
 /// The stream resets the calls of one table may make, and the attempts they let finish
-/// instead. Only a stopped attempt touches it: a call answered by its first attempt never
-/// does.
+/// instead. Only a stopped attempt or a dropped call touches it: a call answered by its first
+/// attempt never does.
 pub(crate) struct StreamResets {
     /// `None`: every stopped attempt is reset at once (gRFC A6 as written).
     per_second: Option<u32>,
@@ -127,7 +128,9 @@ impl StreamResets {
     }
 
     /// Decides how to stop an attempt the call no longer needs. `can_finish`: the driver can
-    /// hand the attempt to a task of its own.
+    /// hand the attempt to a task of its own, and its request can still be sent whole (else
+    /// its transport resets the stream anyway). Letting it finish also takes a tokio runtime
+    /// to run it on.
     pub(crate) fn stop(&self, can_finish: bool) -> Stop {
         let Some(limit) = self.per_second else {
             return Stop::Reset;
@@ -136,20 +139,17 @@ impl StreamResets {
         if self.take(now, limit) {
             return Stop::Reset;
         }
-        if can_finish && self.try_finishing() {
+        if can_finish && tokio::runtime::Handle::try_current().is_ok() && self.try_finishing() {
             return Stop::Finish;
         }
-        self.count(now, limit);
+        self.count(now, limit, 1);
         Stop::ResetOverLimit
     }
 
-    /// Counts resets made whatever the limit says (a call the caller dropped).
+    /// Counts `resets` made whatever the limit says (a call the caller dropped).
     pub(crate) fn count_resets(&self, resets: usize) {
         if let Some(limit) = self.per_second {
-            let now = Instant::now();
-            for _ in 0..resets {
-                self.count(now, limit);
-            }
+            self.count(Instant::now(), limit, resets);
         }
     }
 
@@ -164,12 +164,13 @@ impl StreamResets {
         false
     }
 
-    /// Counts a reset made past the limit: it is taken from what the bucket refills next.
-    fn count(&self, now: Instant, limit: u32) {
+    /// Counts `resets` made past the limit: they are taken from what the bucket refills next.
+    fn count(&self, now: Instant, limit: u32, resets: usize) {
         let mut bucket = self.bucket(now, limit);
         let floor = -f64::from(limit) * MAX_DEBT_SECONDS;
         let tokens = bucket.tokens.get_or_insert(0.0);
-        *tokens = (*tokens - 1.0).max(floor);
+        // Past the floor, any count is the floor: a usize need not fit an f64 exactly.
+        *tokens = (*tokens - resets as f64).max(floor);
     }
 
     /// The bucket, refilled for the time since it was last looked at.
@@ -194,10 +195,6 @@ impl StreamResets {
                 (n < MAX_FINISHING).then_some(n + 1)
             })
             .is_ok()
-    }
-
-    fn finished(&self) {
-        self.finishing.fetch_sub(1, Ordering::AcqRel);
     }
 
     /// Whether the guard warning is due (at most one every [`WARN_EVERY`]).
@@ -230,6 +227,16 @@ impl StreamResets {
     }
 }
 
+/// A place among the attempts a table lets finish at once: given back when dropped, however
+/// the attempt ends (or if the task is never started).
+struct Slot(Arc<StreamResets>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.finishing.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// The resets a table may make now.
 #[derive(Debug)]
 struct Bucket {
@@ -241,10 +248,15 @@ struct Bucket {
 /// Which HTTP/2 reset guard closed a connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Guard {
-    /// The client's own: frames on streams it reset and forgot (`too_many_internal_resets`).
+    /// The client's own: frames on streams it reset and forgot (`too_many_internal_resets`,
+    /// a GOAWAY it sent itself).
     Client,
-    /// The server's: streams reset before it accepted them (`too_many_resets`).
-    Server,
+    /// The server's: streams reset before it accepted them (`too_many_resets`, a GOAWAY the
+    /// server sent).
+    ServerPendingAccept,
+    /// The server's own count of frames on streams it reset and forgot
+    /// (`too_many_internal_resets`, a GOAWAY the server sent).
+    ServerLocalErrors,
 }
 
 /// How deep [`Guard::of`] walks an error's `source()` chain.
@@ -252,16 +264,30 @@ const MAX_SOURCE_DEPTH: usize = 32;
 
 impl Guard {
     /// The guard that closed the connection `error` came from, if one did. `h2` names it in
-    /// its `GOAWAY`'s debug data, which its errors' `Display` shows.
+    /// its `GOAWAY`'s debug data, and says whose `GOAWAY` it was, in its errors' `Display`:
+    /// `connection error detected: … (b"too_many_internal_resets")` for the client's own,
+    /// `connection error received: …` for the server's, the reason being
+    /// `ENHANCE_YOUR_CALM` ("detected excessive load generating behavior"). A server's
+    /// `GOAWAY` is taken at its word.
     pub(crate) fn of(error: &(dyn std::error::Error + 'static)) -> Option<Guard> {
         let chain = std::iter::successors(Some(error), |e| e.source()).take(MAX_SOURCE_DEPTH);
         for error in chain {
             let text = error.to_string();
-            if text.contains("too_many_internal_resets") {
+            if !text.contains("excessive load") {
+                continue;
+            }
+            let internal = text.contains("too_many_internal_resets");
+            let pending = text.contains("too_many_resets");
+            if text.contains("connection error detected") && internal {
                 return Some(Guard::Client);
             }
-            if text.contains("too_many_resets") {
-                return Some(Guard::Server);
+            if text.contains("connection error received") {
+                if pending {
+                    return Some(Guard::ServerPendingAccept);
+                }
+                if internal {
+                    return Some(Guard::ServerLocalErrors);
+                }
             }
         }
         None
@@ -269,16 +295,17 @@ impl Guard {
 
     fn name(self) -> &'static str {
         match self {
-            Guard::Client => "too_many_internal_resets",
-            Guard::Server => "too_many_resets",
+            Guard::Client | Guard::ServerLocalErrors => "too_many_internal_resets",
+            Guard::ServerPendingAccept => "too_many_resets",
         }
     }
 
     /// The setting that holds the guard's limit.
     fn setting(self) -> &'static str {
         match self {
-            Guard::Client => "max_local_error_reset_streams",
-            Guard::Server => "max_pending_accept_reset_streams",
+            Guard::Client => "client max_local_error_reset_streams",
+            Guard::ServerPendingAccept => "server max_pending_accept_reset_streams",
+            Guard::ServerLocalErrors => "server max_local_error_reset_streams",
         }
     }
 
@@ -290,33 +317,32 @@ impl Guard {
                  Endpoint::http2_max_concurrent_reset_streams, hyper-util: \
                  http2_max_concurrent_reset_streams) or lower PoliciesBuilder::resets_per_second"
             }
-            Guard::Server => {
+            Guard::ServerPendingAccept => {
                 "the server's max_pending_accept_reset_streams (20 by default) was exceeded; \
                  raise it (tonic: Server::http2_max_pending_accept_reset_streams, hyper: \
                  http2::Builder::max_pending_accept_reset_streams) or lower \
                  PoliciesBuilder::resets_per_second"
+            }
+            Guard::ServerLocalErrors => {
+                "the server's max_local_error_reset_streams (1024 by default, per connection) \
+                 was spent; raise it or let the server remember more reset streams (tonic: \
+                 Server::http2_max_local_error_reset_streams)"
             }
         }
     }
 }
 
 pin_project! {
-    /// An attempt let finish: its answer, then its body to the end, read and dropped. Gives
-    /// its slot back when it ends, however it ends.
+    /// An attempt let finish: its answer, then its body to the end, read and dropped. Its
+    /// slot goes back when it ends, however it ends.
     struct Finish<F, RB> {
         #[pin]
         state: FinishState<F, RB>,
         #[pin]
         until: Sleep,
-        resets: Arc<StreamResets>,
+        slot: Slot,
         stats: Arc<MethodStats>,
         read: u64,
-    }
-
-    impl<F, RB> PinnedDrop for Finish<F, RB> {
-        fn drop(this: Pin<&mut Self>) {
-            this.project().resets.finished();
-        }
     }
 }
 
@@ -342,8 +368,8 @@ where
         let mut this = self.project();
         if this.until.as_mut().poll(cx).is_ready() {
             // Too long: reset it after all.
-            this.resets.count_resets(1);
-            this.stats.record_stop(Stop::ResetOverLimit);
+            this.slot.0.count_resets(1);
+            this.stats.record_finish_cut_short();
             this.state.set(FinishState::Done);
             return Poll::Ready(());
         }
@@ -370,8 +396,8 @@ where
                                 *this.read += bytes::Buf::remaining(data) as u64;
                             }
                             if *this.read > MAX_FINISH_BYTES {
-                                this.resets.count_resets(1);
-                                this.stats.record_stop(Stop::ResetOverLimit);
+                                this.slot.0.count_resets(1);
+                                this.stats.record_finish_cut_short();
                                 this.state.set(FinishState::Done);
                                 return Poll::Ready(());
                             }
@@ -390,8 +416,9 @@ where
 
 /// Lets `attempt` finish on a task of its own (a [`Stop::Finish`] decision of `resets`, whose
 /// slot it gives back when it ends), until the call's `deadline` has been past a while, or
-/// [`MAX_FINISH_TIME`]. Outside a tokio runtime it is dropped (reset) instead.
-pub(crate) fn finish<F, E, RB>(
+/// [`MAX_FINISH_TIME`]. Outside a tokio runtime (which [`StreamResets::stop`] checked for) it
+/// is dropped, and counted as a reset past the limit.
+pub(crate) fn let_finish<F, E, RB>(
     resets: &Arc<StreamResets>,
     attempt: Pin<Box<F>>,
     deadline: Option<Instant>,
@@ -401,21 +428,22 @@ pub(crate) fn finish<F, E, RB>(
     RB: Body + Send + 'static,
     RB::Data: bytes::Buf,
 {
+    // Held first: whatever happens below, the slot goes back.
+    let slot = Slot(Arc::clone(resets));
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        resets.count_resets(1);
+        stats.record_finish_cut_short();
+        return;
+    };
     let now = Instant::now();
     let mut until = now + MAX_FINISH_TIME;
     if let Some(deadline) = deadline {
         until = until.min(deadline.max(now) + PAST_DEADLINE);
     }
-    let resets = Arc::clone(resets);
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        // No runtime to run it on: the attempt is dropped (reset), and its slot given back.
-        resets.finished();
-        return;
-    };
     let task = Finish {
         state: FinishState::Answer { future: attempt },
         until: tokio::time::sleep_until(until),
-        resets,
+        slot,
         stats,
         read: 0,
     };
@@ -460,13 +488,13 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn no_more_than_the_cap_finish_at_once() {
-        let resets = StreamResets::new(Some(0));
+        let resets = Arc::new(StreamResets::new(Some(0)));
         tokio::time::advance(Duration::from_secs(10)).await;
         for _ in 0..MAX_FINISHING {
             assert_eq!(resets.stop(true), Stop::Finish);
         }
         assert_eq!(resets.stop(true), Stop::ResetOverLimit);
-        resets.finished();
+        drop(Slot(Arc::clone(&resets)));
         assert_eq!(resets.stop(true), Stop::Finish);
     }
 
@@ -501,7 +529,7 @@ mod tests {
     }
 
     /// Lets an attempt answering `chunks` chunks finish; gives whether its body was cut
-    /// short, and the attempts reset past the limit.
+    /// short, and the attempts let finish that were reset after all.
     async fn finish_chunks(chunks: usize) -> (bool, u64) {
         let resets = Arc::new(StreamResets::new(Some(0)));
         let stats = Arc::new(MethodStats::default());
@@ -512,7 +540,7 @@ mod tests {
         };
         let attempt = Box::pin(async move { Ok::<_, ()>(Response::new(body)) });
         assert_eq!(resets.stop(true), Stop::Finish);
-        finish(&resets, attempt, None, Arc::clone(&stats));
+        let_finish(&resets, attempt, None, Arc::clone(&stats));
         tokio::time::sleep(Duration::from_millis(1)).await;
         assert_eq!(
             resets.finishing.load(Ordering::SeqCst),
@@ -521,7 +549,7 @@ mod tests {
         );
         (
             cut_short.load(Ordering::SeqCst),
-            stats.snapshot().resets_over_limit,
+            stats.snapshot().let_finish_cut_short,
         )
     }
 
@@ -529,7 +557,7 @@ mod tests {
     async fn an_attempt_let_finish_is_read_to_its_end_within_a_mebibyte_then_reset() {
         // 16 chunks of 64 KiB: read to the end.
         assert_eq!(finish_chunks(16).await, (false, 0));
-        // Endless: dropped past 1 MiB, counted as a reset past the limit.
+        // Endless: dropped past 1 MiB, and counted.
         assert_eq!(finish_chunks(usize::MAX).await, (true, 1));
     }
 
@@ -550,18 +578,33 @@ mod tests {
 
     #[test]
     fn the_guards_are_known_by_the_goaway_debug_data_anywhere_in_the_chain() {
-        let inner = |text: &str| Some(Box::new(Wrapped(text.into(), None)));
-        let client = Wrapped(
-            "transport error".into(),
-            inner("connection error detected: ENHANCE_YOUR_CALM (b\"too_many_internal_resets\")"),
+        // As `h2::Error` displays them (h2 0.4).
+        const LOCAL: &str = "connection error detected: detected excessive load generating \
+                             behavior";
+        const REMOTE: &str = "connection error received: detected excessive load generating \
+                              behavior";
+        let wrapped = |text: String| {
+            Wrapped(
+                "transport error".into(),
+                Some(Box::new(Wrapped(text, None))),
+            )
+        };
+        let internal = r#" (b"too_many_internal_resets")"#;
+        let pending = r#" (b"too_many_resets")"#;
+        let guard = |text: String| Guard::of(&wrapped(text));
+        assert_eq!(guard(format!("{LOCAL}{internal}")), Some(Guard::Client));
+        assert_eq!(
+            guard(format!("{REMOTE}{pending}")),
+            Some(Guard::ServerPendingAccept)
         );
-        assert_eq!(Guard::of(&client), Some(Guard::Client));
-        let server = Wrapped(
-            "transport error".into(),
-            inner("connection error received: ENHANCE_YOUR_CALM (b\"too_many_resets\")"),
+        assert_eq!(
+            guard(format!("{REMOTE}{internal}")),
+            Some(Guard::ServerLocalErrors)
         );
-        assert_eq!(Guard::of(&server), Some(Guard::Server));
-        let other = Wrapped("transport error".into(), inner("broken pipe"));
-        assert_eq!(Guard::of(&other), None);
+        // Not the guards: another reason, no debug data, or a debug data out of place.
+        assert_eq!(guard("broken pipe".into()), None);
+        assert_eq!(guard(LOCAL.into()), None);
+        assert_eq!(guard(format!("{LOCAL}{pending}")), None);
+        assert_eq!(guard("application said too_many_resets".into()), None);
     }
 }

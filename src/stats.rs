@@ -99,6 +99,7 @@ pub(crate) struct MethodStats {
     hedges_over_budget: AtomicU64,
     attempts_let_finish: AtomicU64,
     resets_over_limit: AtomicU64,
+    let_finish_cut_short: AtomicU64,
     reset_guard_failures: AtomicU64,
 }
 
@@ -131,6 +132,11 @@ impl MethodStats {
         counter.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Records that an attempt let finish ran past its bounds and was reset after all.
+    pub(crate) fn record_finish_cut_short(&self) {
+        self.let_finish_cut_short.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Records that an attempt failed because an HTTP/2 reset guard closed its connection.
     pub(crate) fn record_reset_guard_failure(&self) {
         self.reset_guard_failures.fetch_add(1, Ordering::Relaxed);
@@ -146,6 +152,7 @@ impl MethodStats {
             hedges_over_budget: load(&self.hedges_over_budget),
             attempts_let_finish: load(&self.attempts_let_finish),
             resets_over_limit: load(&self.resets_over_limit),
+            let_finish_cut_short: load(&self.let_finish_cut_short),
             reset_guard_failures: load(&self.reset_guard_failures),
         }
     }
@@ -166,13 +173,17 @@ pub struct MethodSnapshot {
     pub hedges_over_budget: u64,
     /// Attempts the call no longer needed (hedges that lost, attempts cut off or past the
     /// deadline) that were let finish, their answers dropped, instead of having their
-    /// HTTP/2 streams reset: the table's resets of the last second were spent, or their
-    /// request bodies were still streaming (see
+    /// HTTP/2 streams reset: the table's rate of resets was reached (see
     /// [`PoliciesBuilder::resets_per_second`](crate::policy::PoliciesBuilder::resets_per_second)).
     pub attempts_let_finish: u64,
-    /// Attempts no longer needed that were reset although the table's resets of the last
-    /// second were spent: no more could be let finish, or they ran too long.
+    /// Attempts no longer needed that were reset although the table's rate of resets was
+    /// reached: they could not be let finish (256 were already, their request could not be
+    /// sent whole, or no tokio runtime was there to run them).
     pub resets_over_limit: u64,
+    /// Attempts let finish that ran past their bounds (1 MiB of answer, 10 s, or 1 s past
+    /// the call's deadline) and were reset after all; each is counted in
+    /// [`attempts_let_finish`](Self::attempts_let_finish) too.
+    pub let_finish_cut_short: u64,
     /// Attempts that failed because an HTTP/2 rapid-reset guard closed their connection
     /// (`too_many_internal_resets` on the client, `too_many_resets` from the server); each
     /// time, a `WARN` event names the setting.

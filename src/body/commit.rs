@@ -63,6 +63,10 @@ impl<B> ReplayBody<B> {
     /// goes back to the budget when the last clone is dropped. hyper drops a request body
     /// once it has sent all of it, often before the response arrives.
     ///
+    /// A reader that waits at the end of the record waits for as long as `reader` lives
+    /// without finding the source's end: poll `reader` on, or drop it, for the others to
+    /// learn how the body ends.
+    ///
     /// An id this body never gave out commits nothing and returns `false`: committing to it
     /// would fail every real attempt.
     ///

@@ -157,6 +157,15 @@ pub trait Copies<B> {
     /// # }
     /// ```
     fn poll_committed(&self, cx: &mut Context<'_>) -> Poll<u64>;
+
+    /// Whether every copy given out may still send the whole body: the call is not
+    /// committed, or it committed with the body recorded whole (see
+    /// [`ReplayBody::commit_to`]). The layers let an attempt they no longer need finish only
+    /// then: otherwise its body fails, and its transport resets its stream anyway. The
+    /// default, for copies that are clones, is `true`.
+    fn every_copy_may_finish(&self) -> bool {
+        true
+    }
 }
 
 /// [`Copies`] of a body that is cheap to clone: every attempt gets a clone.
@@ -256,6 +265,10 @@ where
 
     fn poll_committed(&self, cx: &mut Context<'_>) -> Poll<u64> {
         self.template.poll_committed(cx)
+    }
+
+    fn every_copy_may_finish(&self) -> bool {
+        self.template.every_reader_may_finish()
     }
 }
 

@@ -58,8 +58,10 @@
 //! # Memory
 //!
 //! The record, the source and the trailers live in one shared state behind an `Arc`, and are
-//! released when the last clone is dropped (or, for the record, once the call is committed,
-//! as the reader it is committed to sends it, and at once when that reader is dropped).
+//! released when the last clone is dropped (or, for the record of a body still streaming when
+//! the call is committed, as the reader it is committed to sends it, and at once when that
+//! reader is dropped; a body recorded whole when the call commits keeps its record until the
+//! last clone is dropped, since every reader may still send it).
 //! Keep a never-polled clone as a template and clone it for each attempt: it holds the record
 //! only for as long as it lives, and since it never sends anything it is never the reader a
 //! call commits to.
@@ -430,6 +432,13 @@ impl<B> ReplayBody<B> {
     /// How many body bytes this reader has sent.
     pub fn bytes_read(&self) -> u64 {
         self.cursor.bytes_read
+    }
+
+    /// Whether every reader may still send the whole body: the call is not committed, or it
+    /// committed with the body recorded whole.
+    pub(crate) fn every_reader_may_finish(&self) -> bool {
+        let state = self.shared.lock();
+        state.commit.is_none() || state.kept
     }
 }
 

@@ -156,9 +156,20 @@ where
             return Poll::Ready(Some(Ok(Frame::data(chunk))));
         }
         match self.record.try_push(&chunk) {
-            Ok(()) => self
-                .positions
-                .set_next_chunk(cursor.slot, self.record.end()),
+            Ok(()) => {
+                self.positions
+                    .set_next_chunk(cursor.slot, self.record.end());
+                // A source that says it has ended with its last frame may never be polled
+                // again (hyper stops there): its end is known now, and the record whole.
+                if self
+                    .source
+                    .as_ref()
+                    .is_some_and(|source| source.get().is_end_stream())
+                {
+                    self.end = Some(SourceEnd::Eos);
+                    after.finished = self.source.take();
+                }
+            }
             Err(overflow) => self.overflow(overflow, cursor, after),
         }
         after.wake_others = true;

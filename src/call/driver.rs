@@ -146,6 +146,20 @@ where
         policies.stats().method(key)
     }
 
+    /// Drops an answer the call does not return (a failure kept before a later one, an
+    /// answer that came in after the call was decided): a response whose body has not ended
+    /// resets its stream, which the table's limit of stream resets counts.
+    fn drop_answer<RB, E>(&self, answer: Option<Result<Response<RB>, E>>)
+    where
+        RB: http_body::Body,
+    {
+        if let Some(Ok(response)) = &answer
+            && !response.body().is_end_stream()
+        {
+            self.shared.policies.stream_resets().count_resets(1);
+        }
+    }
+
     /// Stops attempt `id`, which the call no longer needs (`future`, if it can be moved):
     /// resets its stream by dropping it, or lets it finish on a task of its own, as the
     /// table's limit of stream resets says (see `crate::resets`).
@@ -156,8 +170,7 @@ where
         RB: http_body::Body + Send + 'static,
     {
         let resets = self.shared.policies.stream_resets();
-        // Letting it finish takes a tokio runtime to run it on.
-        let can_finish = future.is_some() && tokio::runtime::Handle::try_current().is_ok();
+        let can_finish = future.is_some() && self.call.every_attempt_may_finish();
         let stop = resets.stop(can_finish);
         if stop == Stop::Reset {
             return;
@@ -167,7 +180,7 @@ where
         if let (Stop::Finish, Some(future)) = (stop, future) {
             tracing::debug!(attempt = id.send, "attempt let finish");
             let deadline = self.engine.deadline().map(tokio::time::Instant::from_std);
-            crate::resets::finish(resets, future, deadline, stats);
+            crate::resets::let_finish(resets, future, deadline, stats);
         }
     }
 }
@@ -263,8 +276,10 @@ where
 {
     /// A call whose first attempt, `first`, was just sent.
     pub(crate) fn new(first: S::Future, state: Box<CallExtras<S, B>>) -> Self {
+        // Boxed only where it may have to be let finish.
+        let paced = state.shared.policies.stream_resets().per_second().is_some();
         Driver {
-            first: First::new(first, state.engine.may_stop_first()),
+            first: First::new(first, paced && state.engine.may_stop_first()),
             state,
         }
     }
@@ -655,7 +670,8 @@ where
                 for (id, future) in stopped {
                     state.stop(id, future);
                 }
-                state.later = None;
+                let earlier = state.later.take().and_then(|later| later.last);
+                state.drop_answer(earlier);
             }
             let grpc = state.engine.grpc();
             let engine = &state.engine;
@@ -667,10 +683,14 @@ where
             ))
         }
         Verdict::Keep => {
-            LaterAttempts::of(&mut state.later).last = Some(result);
+            let earlier = LaterAttempts::of(&mut state.later).last.replace(result);
+            state.drop_answer(earlier);
             None
         }
-        Verdict::Drop => None,
+        Verdict::Drop => {
+            state.drop_answer(Some(result));
+            None
+        }
     }
 }
 

@@ -308,6 +308,16 @@ impl<B: Replay> Call<B> {
         crate::metrics::Labels::of(self.path(), self.grpc, authority, route, extensions)
     }
 
+    /// Whether an attempt the call no longer needs can still send its whole request: if not,
+    /// its body fails and its transport resets its stream, whatever the call does with it.
+    pub(crate) fn every_attempt_may_finish(&self) -> bool {
+        match &self.body {
+            Body::Copies(copies) => copies.every_copy_may_finish(),
+            // Sent once, with the one attempt there is.
+            Body::Spent => true,
+        }
+    }
+
     /// After commit, the reader id of the attempt that goes on.
     pub(crate) fn committed_reader(&self) -> Option<u64> {
         match &self.body {

@@ -543,8 +543,9 @@ impl PoliciesBuilder {
     }
 
     /// The HTTP/2 stream resets per second the layers allow themselves for attempts they no
-    /// longer need (default 32, paced evenly, in bursts of at most a quarter of them). `None`
-    /// resets every such attempt at once, as gRFC A6 says.
+    /// longer need (default 32, paced evenly, in bursts of a quarter of them and at least 1).
+    /// `None` resets every such attempt at once, as gRFC A6 says; `Some(0)` lets every one
+    /// finish.
     ///
     /// Each hedge that loses, each attempt cut off by a commit and each attempt still running
     /// when the deadline ends its call is a stream the client resets, and HTTP/2 peers close
@@ -555,8 +556,13 @@ impl PoliciesBuilder {
     /// (one limit for every clone of the layers built on this table), a stopped attempt is
     /// let finish on a task of its own instead, its answer read
     /// and dropped (at most 1 MiB, and 10 s or 1 s past the call's deadline, then it is reset
-    /// after all; 256 at a time per table, then it is reset). Outside a tokio runtime, every
-    /// stopped attempt is reset.
+    /// after all; 256 at a time per table, then it is reset). An attempt let finish keeps
+    /// what it holds below the layer meanwhile (a concurrency permit, a balancer's count of
+    /// requests in flight) and its replay record counts against the
+    /// [`BufferLimits`](crate::BufferLimits). An attempt whose request cannot be sent whole
+    /// any more (the call committed while its body was still streaming) is reset: its
+    /// transport would reset it anyway. Outside a tokio runtime, every stopped attempt is
+    /// reset. `grpc_channel::RetryInterceptor` (feature `grpc`) does not pace its resets.
     ///
     /// A call the caller drops is cancelled at once either way. The statistics count the
     /// attempts let finish ([`MethodSnapshot::attempts_let_finish`]) and those reset past the

@@ -105,8 +105,7 @@ fn http_backend(
             );
         }
         if status == 1 {
-            let closed =
-                r#"connection error detected: ENHANCE_YOUR_CALM (b"too_many_internal_resets")"#;
+            let closed = r#"connection error detected: detected excessive load generating behavior (b"too_many_internal_resets")"#;
             return Err(closed.into());
         }
         Ok(http::Response::builder()

@@ -550,3 +550,21 @@ fn clones_never_commit_and_keep_no_waker() {
             .is_pending()
     );
 }
+
+#[test]
+fn a_source_that_says_it_ended_with_its_last_frame_is_whole_at_once() {
+    // hyper sends a request body the way this test reads the winner's: a frame, then
+    // `is_end_stream`, and it stops polling once that says the body has ended. A source
+    // that says so with its last frame (`Full` inside a boxed body, say) is never polled
+    // for its end, yet the record is whole: a hedge behind may still send all of it.
+    let limits = big();
+    let copies = recorded(Script::data(&[b"hello"]), &limits);
+    let (mut winner, winner_reader) = copies.first();
+    let (mut behind, _) = copies.copy().unwrap();
+    assert_eq!(expect_data(poll_noop(&mut winner)), "hello");
+    assert!(winner.is_end_stream());
+    drop(winner);
+    assert!(copies.commit(winner_reader));
+    assert!(copies.every_copy_may_finish());
+    assert_eq!(drain(&mut behind).unwrap().data, b"hello");
+}

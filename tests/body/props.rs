@@ -242,8 +242,8 @@ fn run(case: Case) -> Result<(), TestCaseError> {
     let mut finished: Vec<Reader> = Vec::new();
     // The reader the test committed the call to, and the bytes recorded by then.
     let mut chosen: Option<(u64, usize)> = None;
-    // The call committed with the whole body recorded (some reader had seen its end): the
-    // record is kept for every reader, until the last is dropped.
+    // The call committed with the whole body recorded (the source had ended): the record is
+    // kept for every reader, until the last is dropped.
     let mut kept = false;
     let check_budget = |limits: &BufferLimits,
                         readers: &[Reader],
@@ -324,11 +324,10 @@ fn run(case: Case) -> Result<(), TestCaseError> {
                                 .max()
                                 .unwrap_or(0);
                             chosen = Some((id, recorded));
-                            kept = original.is_empty()
-                                || readers.iter().chain(&finished).any(|reader| {
-                                    matches!(reader.outcome, Outcome::Ended)
-                                        || reader.trailers.is_some()
-                                });
+                            // The record holds the whole body once the source has ended
+                            // (and is gone): a reader saw its end, or it said it had ended
+                            // with its last frame.
+                            kept = !gate.source_alive();
                         }
                     }
                     None => {

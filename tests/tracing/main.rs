@@ -646,7 +646,7 @@ struct GuardClosed;
 
 impl std::fmt::Display for GuardClosed {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(r#"connection error detected: ENHANCE_YOUR_CALM (b"too_many_internal_resets")"#)
+        f.write_str(r#"connection error detected: detected excessive load generating behavior (b"too_many_internal_resets")"#)
     }
 }
 
@@ -677,7 +677,7 @@ fn a_reset_guard_that_closed_the_connection_is_logged_once_and_counted_each_time
     );
     assert_eq!(
         warning.value("setting"),
-        Some(r#""max_local_error_reset_streams""#)
+        Some(r#""client max_local_error_reset_streams""#)
     );
     assert!(
         warning
