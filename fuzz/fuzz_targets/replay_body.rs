@@ -13,7 +13,10 @@
 //!
 //! and at the end, with the source left free to run: no reader waits for a wake-up that never
 //! comes; readers of a call that was never committed all finish, as does the one a call was
-//! committed to; once every reader is dropped, the budget is back to 0.
+//! committed to, and every reader of a call committed when the record held the whole body;
+//! the reader a call was committed to holds no bytes once it has finished, unless the record
+//! was whole at the commit (then it is kept for the other readers); once every reader is
+//! dropped, the budget is back to 0.
 
 #![no_main]
 
@@ -114,6 +117,12 @@ struct Script {
     exact: bool,
     remaining: u64,
     ended: bool,
+    /// Set once the body knows the source ended whole (Eos or trailers): it gave its end,
+    /// or its last bytes while saying it had ended (`is_end_stream`), which the body checks
+    /// after recording them.
+    whole: Arc<AtomicBool>,
+    /// Set once the script says it has ended (`is_end_stream`).
+    at_end: Arc<AtomicBool>,
 }
 
 fn trailers() -> HeaderMap {
@@ -131,14 +140,46 @@ impl Body for Script {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, SourceError>>> {
         assert!(!self.ended, "the source was polled after its end");
+        let polled = self.play(cx);
+        // The body may learn of this end without polling again, from `is_end_stream`.
+        if self.is_end_stream() {
+            self.at_end.store(true, Ordering::SeqCst);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.exact
+            && (self.ended
+                || self
+                    .items
+                    .iter()
+                    .all(|item| matches!(item, Item::End(End::Eos))))
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        if self.exact {
+            SizeHint::with_exact(self.remaining)
+        } else {
+            SizeHint::default()
+        }
+    }
+}
+
+impl Script {
+    fn play(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, SourceError>>> {
         loop {
             let Some(item) = self.items.pop_front() else {
                 self.ended = true;
+                self.whole.store(true, Ordering::SeqCst);
                 return Poll::Ready(None);
             };
             match item {
                 Item::Step(Step::Data(data)) => {
                     self.remaining -= data.len() as u64;
+                    if !data.is_empty() && self.is_end_stream() {
+                        self.whole.store(true, Ordering::SeqCst);
+                    }
                     return Poll::Ready(Some(Ok(Frame::data(Bytes::from(data)))));
                 }
                 Item::Step(Step::Wait) => {
@@ -162,6 +203,7 @@ impl Body for Script {
                 Item::End(End::Eos) => {}
                 Item::End(End::Trailers) => {
                     self.ended = true;
+                    self.whole.store(true, Ordering::SeqCst);
                     return Poll::Ready(Some(Ok(Frame::trailers(trailers()))));
                 }
                 Item::End(End::Fail) => {
@@ -169,23 +211,6 @@ impl Body for Script {
                     return Poll::Ready(Some(Err(SourceError)));
                 }
             }
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.exact
-            && (self.ended
-                || self
-                    .items
-                    .iter()
-                    .all(|item| matches!(item, Item::End(End::Eos))))
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        if self.exact {
-            SizeHint::with_exact(self.remaining)
-        } else {
-            SizeHint::default()
         }
     }
 }
@@ -420,12 +445,16 @@ fn run(case: Case) {
     }
     items.push_back(Item::End(case.end));
     let gate = Arc::new(Mutex::new(Gate::default()));
+    let whole = Arc::new(AtomicBool::new(false));
+    let at_end = Arc::new(AtomicBool::new(false));
     let script = Script {
         items,
         gate: Arc::clone(&gate),
         exact: case.exact,
         remaining: expected.data.len() as u64,
         ended: false,
+        whole: Arc::clone(&whole),
+        at_end: Arc::clone(&at_end),
     };
     let Ok(first) = ReplayBody::try_new(script, &limits) else {
         // Too large to record: given back untouched, nothing reserved.
@@ -434,6 +463,11 @@ fn run(case: Case) {
         return;
     };
     let mut readers = vec![Reader::new(first)];
+    // Whether the call committed when the record held the whole body: every reader may then
+    // still send it, and the record is kept until the last reader is dropped. `None` when the
+    // harness cannot tell: the source had nothing left but its end, and no reader had polled
+    // it since (the body learns of that end at its next poll).
+    let mut kept = Some(false);
 
     for op in case.ops {
         match op {
@@ -462,7 +496,16 @@ fn run(case: Case) {
                     let mine = readers[i].body.commit();
                     let id = readers[i].body.reader_id();
                     match before {
-                        None => assert!(mine),
+                        None => {
+                            assert!(mine);
+                            kept = if whole.load(Ordering::SeqCst) {
+                                Some(true)
+                            } else if at_end.load(Ordering::SeqCst) {
+                                None
+                            } else {
+                                Some(false)
+                            };
+                        }
                         Some(committed) => assert_eq!(mine, committed == id),
                     }
                     assert!(readers[i].body.is_committed());
@@ -530,7 +573,7 @@ fn run(case: Case) {
         let id = reader.body.reader_id();
         let must_finish = match committed {
             None => true,
-            Some(committed) => committed == id,
+            Some(committed) => kept == Some(true) || committed == id,
         };
         if must_finish && expected.end != End::Fail {
             assert_eq!(
@@ -541,6 +584,7 @@ fn run(case: Case) {
         }
     }
     if let Some(committed) = committed
+        && kept == Some(false)
         && readers
             .iter()
             .any(|r| r.body.reader_id() == committed && r.status == Status::Completed)
