@@ -501,6 +501,40 @@ impl AuthorityThrottle for Throttle {
     }
 }
 
+/// A throttle handle alone on its cache lines (128 bytes: the adjacent-line prefetcher pairs
+/// them), forwarding to the throttle it holds. A driver's service clone takes its reference
+/// counts on one of these, not on the table's handle that every core shares (see
+/// `call::handles` for the figures).
+#[derive(Debug)]
+#[repr(align(128))]
+pub(crate) struct Padded(pub(crate) Arc<dyn RetryThrottle>);
+
+impl RetryThrottle for Padded {
+    fn on_call(&self) {
+        self.0.on_call();
+    }
+
+    fn on_success(&self) {
+        self.0.on_success();
+    }
+
+    fn on_failure(&self) {
+        self.0.on_failure();
+    }
+
+    fn on_fatal(&self) {
+        self.0.on_fatal();
+    }
+
+    fn allows_retry(&self) -> bool {
+        self.0.allows_retry()
+    }
+
+    fn state(&self) -> ThrottleState {
+        self.0.state()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

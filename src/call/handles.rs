@@ -23,7 +23,7 @@ use http::Request;
 
 use super::LayerShared;
 use crate::policy::{HedgePolicy, MethodPolicy, Policies, RetryPolicy, ThrottleHandle};
-use crate::throttle::{RetryThrottle, ThrottleState};
+use crate::throttle::Padded;
 
 /// The handles one clone of a layer's service owns (see [the module docs](self)). Cloning
 /// gives an empty set: the clone makes its own at its first call.
@@ -87,37 +87,6 @@ impl<S> Handles<S> {
         }
         self.by_authority.push((authority.into(), Arc::clone(&own)));
         Some(own)
-    }
-}
-
-/// A throttle handle alone on its cache lines, forwarding to the throttle it holds.
-#[derive(Debug)]
-#[repr(align(128))]
-pub(crate) struct Padded(pub(crate) ThrottleHandle);
-
-impl RetryThrottle for Padded {
-    fn on_call(&self) {
-        self.0.on_call();
-    }
-
-    fn on_success(&self) {
-        self.0.on_success();
-    }
-
-    fn on_failure(&self) {
-        self.0.on_failure();
-    }
-
-    fn on_fatal(&self) {
-        self.0.on_fatal();
-    }
-
-    fn allows_retry(&self) -> bool {
-        self.0.allows_retry()
-    }
-
-    fn state(&self) -> ThrottleState {
-        self.0.state()
     }
 }
 

@@ -15,8 +15,6 @@ use tower_service::Service;
 
 pub use self::future::ResponseFuture;
 pub(crate) use self::handles::Handles;
-#[cfg(feature = "grpc")]
-pub(crate) use self::handles::Padded;
 use crate::body::{BufferLimits, Copies, Replay};
 use crate::engine::{self, BodyKind, CallFacts, CommitBody, Dispatch, Engine, Mode, Plan, Start};
 use crate::grpc_timeout;

@@ -101,9 +101,9 @@ use tokio::sync::{mpsc, oneshot};
 use self::driver::{AbortOnDrop, Answer, GrpcCall};
 use self::message::{Messages, frame};
 use crate::body::ReplayBody;
-use crate::call::Padded;
 use crate::engine::{self, CallFacts, Plan};
 use crate::policy::{Policies, ThrottleHandle};
+use crate::throttle::Padded;
 
 /// How many chunks wait between the application's sends and the attempts (a message is two:
 /// its length prefix and its bytes): a send returns once its message is queued, and waits
