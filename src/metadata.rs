@@ -11,11 +11,14 @@
 //!   either switch turns it on; both are off by default, since the list costs an allocation
 //!   per call.
 //! - Responses: a call that made more than one attempt returns an [`Attempts`] extension
-//!   and, for gRPC, the `grpc-previous-rpc-attempts` of the attempt the response came from
-//!   (transparent retries excluded, as on the request) in the response headers (tonic exposes
-//!   them as response metadata). Like that header, the extension is absent after a single
-//!   attempt, which keeps the success path free of allocations; [`Attempts::of`] reads both
-//!   cases. Errors carry the count in [`Attempted`](crate::error::Attempted), always.
+//!   and, for gRPC, `grpc-previous-rpc-attempts` in the response headers (tonic exposes them
+//!   as response metadata): the retry attempts made, A6's "number of retry attempts made",
+//!   which is every attempt but one, transparent retries excluded as on the request. For a
+//!   hedged call this counts the hedges still in flight when another won, as
+//!   [`Attempts::counted`] does; grpc-java gives the winning attempt's own count instead.
+//!   Like that header, the extension is absent after a single attempt, which keeps the
+//!   success path free of allocations; [`Attempts::of`] reads both cases. Errors carry the
+//!   count in [`Attempted`](crate::error::Attempted), always.
 //!
 //! ```
 //! use tower_retry_hedge::metadata::Attempts;

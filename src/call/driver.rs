@@ -549,7 +549,7 @@ where
                 return Some(Sent::No);
             }
             let engine = &state.engine;
-            let (attempts, marks) = (engine.attempts(), engine.marks(None));
+            let (attempts, marks) = (engine.attempts(), engine.marks());
             let result = finish(Err(error.into()), attempts, marks, engine.grpc());
             Some(Sent::Failed(Box::new(result)))
         }
@@ -572,11 +572,11 @@ where
     }
     let last = state.later.take().and_then(|later| later.last);
     let engine = &this.state.engine;
-    let (result, from) = match end {
-        End::Last(id) => (last.unwrap_or_else(|| Err(no_result())), Some(id)),
-        End::DeadlineExceeded => (Err(deadline_exceeded(engine.grpc())), None),
+    let result = match end {
+        End::Last(_) => last.unwrap_or_else(|| Err(no_result())),
+        End::DeadlineExceeded => Err(deadline_exceeded(engine.grpc())),
     };
-    finish(result, engine.attempts(), engine.marks(from), engine.grpc())
+    finish(result, engine.attempts(), engine.marks(), engine.grpc())
 }
 
 /// Polls the call's timer; tells whether it has fired.
@@ -675,12 +675,7 @@ where
             }
             let grpc = state.engine.grpc();
             let engine = &state.engine;
-            Some(finish(
-                result,
-                engine.attempts(),
-                engine.marks(Some(id)),
-                grpc,
-            ))
+            Some(finish(result, engine.attempts(), engine.marks(), grpc))
         }
         Verdict::Keep => {
             let earlier = LaterAttempts::of(&mut state.later).last.replace(result);

@@ -263,8 +263,11 @@ struct RetryState {
 pub(crate) struct AttemptMarks {
     /// Every attempt the call sent.
     pub(crate) attempts: Attempts,
-    /// `grpc-previous-rpc-attempts` of the attempt the result is from: the counted attempts
-    /// before it, transparent retries excluded (A6; grpc-java gives the winning attempt's).
+    /// `grpc-previous-rpc-attempts` on the result: the retry attempts made, that is every
+    /// counted attempt but one, transparent retries excluded (A6: "the client will receive
+    /// the number of retry attempts made"). For a hedged call whose winner was not its last
+    /// attempt this is more than the winner's own count, which grpc-java gives; every driver
+    /// of this crate gives this one, so that a call reports the same count through each.
     pub(crate) previous: u32,
 }
 
@@ -319,16 +322,15 @@ impl Engine {
         Attempts::new(self.sent, transparent)
     }
 
-    /// What the result of `from` (the attempt it came from; `None` for an error the call
-    /// made itself) carries: `None` for a call of one attempt, whose result is as it was.
-    pub(crate) fn marks(&self, from: Option<AttemptId>) -> Option<AttemptMarks> {
+    /// What the call's result carries: `None` for a call of one attempt, whose result is as
+    /// it was.
+    pub(crate) fn marks(&self) -> Option<AttemptMarks> {
         if self.sent <= 1 {
             return None;
         }
-        let number = from.map_or(self.counted, |id| id.number);
         Some(AttemptMarks {
             attempts: self.attempts(),
-            previous: number - 1,
+            previous: self.counted - 1,
         })
     }
 

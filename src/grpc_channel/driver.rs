@@ -32,6 +32,9 @@ use crate::classify::AttemptResult;
 use crate::engine::{
     Action, Admission, AttemptId, CommitBody, Dispatch, End, Engine, Inputs, Mode, Verdict,
 };
+use crate::grpc_timeout::GRPC_TIMEOUT;
+use crate::metadata::GRPC_PREVIOUS_RPC_ATTEMPTS;
+use crate::pushback::GRPC_RETRY_PUSHBACK_MS;
 
 /// The engine's start of a call, and the route its method took.
 pub(super) struct Start {
@@ -253,7 +256,7 @@ where
                 }
                 Action::End(End::Last(id)) => {
                     return Ok(match self.last.take() {
-                        Some((kept, answered)) if kept == id => self.answer(id, answered),
+                        Some((kept, answered)) if kept == id => self.answer(answered),
                         _ => Answer::ended(status(
                             StatusCodeError::Unavailable,
                             "the call ended with no answer kept",
@@ -264,7 +267,7 @@ where
                     let attempts = self.engine.attempts().sent();
                     let message = format!("deadline exceeded after {attempts} attempt(s)");
                     let trailers = status(StatusCodeError::DeadlineExceeded, &message);
-                    return Ok(self.marked(None, Answer::ended(trailers)));
+                    return Ok(self.marked(Answer::ended(trailers)));
                 }
                 Action::Wait(at) => return Err(at),
             }
@@ -304,7 +307,7 @@ where
         let mut options = self.options.clone();
         if id.number > 1 {
             headers.metadata_mut().insert(
-                "grpc-previous-rpc-attempts",
+                GRPC_PREVIOUS_RPC_ATTEMPTS,
                 MetadataValue::from(id.number - 1),
             );
         }
@@ -313,7 +316,7 @@ where
             let left = deadline.saturating_duration_since(tokio::time::Instant::now().into_std());
             let timeout = crate::grpc_timeout::encode(left);
             if let Ok(value) = MetadataValue::try_from(timeout.as_bytes()) {
-                headers.metadata_mut().insert("grpc-timeout", value);
+                headers.metadata_mut().insert(GRPC_TIMEOUT, value);
             }
         }
         tracing::debug!(attempt = id.send, previous = id.number - 1, "attempt sent");
@@ -391,11 +394,16 @@ where
         }
         match verdict {
             Verdict::Return => {
-                // Any answer of the server is a latency, as for the layers' responses.
-                if let Some(delay) = self.engine.adaptive_delay() {
+                // Any answer of the server is a latency, as a response is for the layers'
+                // driver; a stream that broke is not, as the layers' transport errors are not.
+                let from_server = matches!(
+                    answered.first,
+                    ResponseStreamItem::Headers(_) | ResponseStreamItem::Trailers(_)
+                );
+                if let (true, Some(delay)) = (from_server, self.engine.adaptive_delay()) {
                     delay.record(tokio::time::Instant::now().saturating_duration_since(sent_at));
                 }
-                Some(self.answer(id, answered))
+                Some(self.answer(answered))
             }
             Verdict::Keep => {
                 self.last = Some((id, answered));
@@ -405,31 +413,23 @@ where
         }
     }
 
-    /// The decision that hands attempt `id`'s answer to the application, marked with the
-    /// attempts before it. An answer in trailers ends the call: its sender stops, and with
+    /// The decision that hands an attempt's answer to the application, marked with the
+    /// retry attempts made. An answer in trailers ends the call: its sender stops, and with
     /// it the last reader of the messages.
-    fn answer(
-        &mut self,
-        id: AttemptId,
-        mut answered: Answer<I::RecvStream>,
-    ) -> Answer<I::RecvStream> {
+    fn answer(&mut self, mut answered: Answer<I::RecvStream>) -> Answer<I::RecvStream> {
         self.attempts.clear();
         if matches!(answered.first, ResponseStreamItem::Trailers(_)) {
             answered.sender = None;
         } else {
             answered.deadline = self.engine.deadline();
         }
-        self.marked(Some(id), answered)
+        self.marked(answered)
     }
 
-    /// `answered`, marked with `grpc-previous-rpc-attempts` when attempts came before the
-    /// one it is from (`None`: an answer the interceptor made), as the layers mark theirs.
-    fn marked(
-        &self,
-        from: Option<AttemptId>,
-        mut answered: Answer<I::RecvStream>,
-    ) -> Answer<I::RecvStream> {
-        let Some(marks) = self.engine.marks(from).filter(|m| m.previous > 0) else {
+    /// `answered`, marked with `grpc-previous-rpc-attempts` when retry attempts were made,
+    /// as the layers mark theirs.
+    fn marked(&self, mut answered: Answer<I::RecvStream>) -> Answer<I::RecvStream> {
+        let Some(marks) = self.engine.marks().filter(|m| m.previous > 0) else {
             return answered;
         };
         let value = MetadataValue::from(marks.previous);
@@ -437,12 +437,12 @@ where
             ResponseStreamItem::Headers(headers) => {
                 headers
                     .metadata_mut()
-                    .insert("grpc-previous-rpc-attempts", value);
+                    .insert(GRPC_PREVIOUS_RPC_ATTEMPTS, value);
             }
             ResponseStreamItem::Trailers(trailers) => {
                 trailers
                     .metadata_mut()
-                    .insert("grpc-previous-rpc-attempts", value);
+                    .insert(GRPC_PREVIOUS_RPC_ATTEMPTS, value);
             }
             ResponseStreamItem::Message | ResponseStreamItem::StreamClosed => {}
         }
@@ -512,10 +512,10 @@ fn answer_headers(first: &ResponseStreamItem) -> HeaderMap {
     // `grpc` 0.9 keeps binary metadata encoded out of reach, so `google.rpc.RetryInfo`
     // (`grpc-status-details-bin`) is not read here; `grpc-retry-pushback-ms` is.
     if let Some(value) = metadata
-        .and_then(|metadata| metadata.get("grpc-retry-pushback-ms"))
+        .and_then(|metadata| metadata.get(GRPC_RETRY_PUSHBACK_MS))
         .and_then(|value| HeaderValue::from_bytes(value.as_bytes()).ok())
     {
-        headers.insert("grpc-retry-pushback-ms", value);
+        headers.insert(GRPC_RETRY_PUSHBACK_MS, value);
     }
     headers
 }

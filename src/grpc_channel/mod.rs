@@ -24,10 +24,10 @@
 //!   ([`Policies::stats`]) and A96 metrics.
 //! - **Each attempt is told the time left**: its `CallOptions` carry the call's deadline and
 //!   its metadata a `grpc-timeout` of what is left (`grpc` 0.9 sends none of its own).
-//! - **The answer says what happened**: when counted attempts came before the one answering
-//!   (or before the interceptor's own `DEADLINE_EXCEEDED`), the headers (or the trailers of
-//!   a Trailers-Only answer) the application reads carry `grpc-previous-rpc-attempts`, their
-//!   number, as the layers mark their responses.
+//! - **The answer says what happened**: when the call made retry attempts, the headers (or
+//!   the trailers of a Trailers-Only answer, or of the interceptor's own `DEADLINE_EXCEEDED`)
+//!   the application reads carry `grpc-previous-rpc-attempts`, their number (every counted
+//!   attempt but one, hedges included), as the layers mark their responses.
 //! - **Dropping the receive stream cancels the call**: its timers and every attempt in
 //!   flight.
 //! - **Deadlines hold**: `grpc` 0.9 enforces none, so a call with a deadline is driven even

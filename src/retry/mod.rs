@@ -28,7 +28,7 @@
 //!    sleeping into a certain `DEADLINE_EXCEEDED`.
 //! 7. The last attempt's outcome is returned. After more than one attempt it carries an
 //!    [`Attempts`](crate::metadata::Attempts) extension and, for gRPC, the
-//!    `grpc-previous-rpc-attempts` of the attempt it came from; after one, neither (read it
+//!    `grpc-previous-rpc-attempts` of the retry attempts made; after one, neither (read it
 //!    with [`Attempts::of`](crate::metadata::Attempts::of)), so the success path allocates
 //!    nothing for it.
 //!

@@ -420,8 +420,9 @@ async fn first_success_wins_and_cancels_every_other_attempt() {
     assert_eq!(mark(&response), Some("2"), "the winner is returned");
     assert_eq!(grpc_status(&response), Some("0"));
     assert_eq!(attempts(&response), Attempts::new(3, 0));
-    // The winning attempt's own count, as grpc-java reports it: one attempt before it.
-    assert_eq!(response.headers()["grpc-previous-rpc-attempts"], "1");
+    // The retry attempts made (A6), not the winner's own count (grpc-java's): two hedges
+    // went out after the first, though the second attempt won.
+    assert_eq!(response.headers()["grpc-previous-rpc-attempts"], "2");
     assert!(first.cancelled(), "the first attempt was dropped");
     assert!(third.cancelled(), "the third attempt was dropped");
     assert_no_more_probes(&mut arrivals).await;

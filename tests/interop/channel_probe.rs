@@ -138,6 +138,24 @@ fn scenarios() -> Vec<Scenario> {
             calls: 1,
             deadline: None,
         },
+        // Every attempt goes at once; the answer counts them all, whichever won (the first
+        // or the second to reach the server), through both drivers.
+        Scenario {
+            name: "hedging delay 0, the first to arrive wins",
+            config: hedge_config(3, "0s"),
+            method: "/interop.Hedge/Call",
+            payload: r#"{"call": {call}, "delay": [0, 10000, 10000]}"#,
+            calls: 1,
+            deadline: None,
+        },
+        Scenario {
+            name: "hedging delay 0, the second to arrive wins",
+            config: hedge_config(3, "0s"),
+            method: "/interop.Hedge/Call",
+            payload: r#"{"call": {call}, "delay": [10000, 0, 10000]}"#,
+            calls: 1,
+            deadline: None,
+        },
         Scenario {
             name: "a fatal status ends a hedged call",
             config: hedge_config(3, "20s"),
