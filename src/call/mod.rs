@@ -76,7 +76,7 @@ where
         return ResponseFuture::passthrough(inner.call(request));
     }
     let matched = policies.matched(request.method(), request.uri().path());
-    let table = policies.table_facts();
+    let table = engine::TableFacts::of(policies);
     if engine::nothing_applies(matched.map(|m| m.policy), &table) {
         // Decided before the request's headers are read.
         return ResponseFuture::passthrough(inner.call(request));

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use crate::backoff::{Backoff, Exponential};
 use crate::classify::{AttemptResult, Classify, Code, Outcome};
-use crate::policy::{HedgePolicy, MethodPolicy, RetryPolicy, ThrottleHandle};
+use crate::policy::{HedgePolicy, MethodPolicy, Policies, RetryPolicy, ThrottleHandle};
 
 /// How a call makes its attempts after the first.
 #[derive(Clone)]
@@ -138,6 +138,19 @@ pub(crate) struct TableFacts {
     pub(crate) has_throttle: bool,
     /// Every call keeps a record of the backends it tried, for a balancer below.
     pub(crate) track_backends: bool,
+}
+
+impl TableFacts {
+    /// What `policies` says of every call, for the engine's plan.
+    pub(crate) fn of(policies: &Policies) -> TableFacts {
+        TableFacts {
+            max_attempts_cap: policies.max_attempts_cap(),
+            max_pushback: policies.max_pushback(),
+            drive_without_policy: policies.transparent_retries(),
+            has_throttle: policies.has_throttle(),
+            track_backends: policies.track_backends(),
+        }
+    }
 }
 
 /// What a request says of its own call.

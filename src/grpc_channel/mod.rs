@@ -244,7 +244,7 @@ impl RetryInterceptor {
         let path = headers.method_name();
         let policies = &self.handles.policies;
         let matched = policies.matched(&Method::POST, path);
-        let mut table = policies.table_facts();
+        let mut table = engine::TableFacts::of(policies);
         // `grpc` 0.9 does not tell an attempt that never left, so transparent retries have
         // nothing to act on; and it enforces no deadline. So a call without a policy or a
         // throttle goes straight to the channel, unless it has a deadline for the engine to

@@ -302,17 +302,6 @@ impl Policies {
     }
 
     /// Whether any throttle is configured.
-    /// What the table says of every call, for the engine's plan.
-    pub(crate) fn table_facts(&self) -> crate::engine::TableFacts {
-        crate::engine::TableFacts {
-            max_attempts_cap: self.max_attempts_cap(),
-            max_pushback: self.max_pushback(),
-            drive_without_policy: self.transparent_retries(),
-            has_throttle: self.has_throttle(),
-            track_backends: self.track_backends(),
-        }
-    }
-
     pub(crate) fn has_throttle(&self) -> bool {
         !matches!(self.0.throttle, ThrottleChoice::None)
     }
