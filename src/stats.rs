@@ -74,6 +74,40 @@ pub(crate) struct CallCounts {
     pub(crate) hedges_over_budget: u32,
 }
 
+/// What a call did that its method's statistics count, not yet added to them: the engine
+/// keeps these as it decides, and a driver adds them with [`MethodStats::add`], so that both
+/// drivers count by the same rules.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Records {
+    /// Retry attempts sent (hedges after the first included), by histogram bucket.
+    retries: [u32; 8],
+    /// Retry attempts that failed (A6: "retry attempts which failed").
+    retry_failures: u32,
+    /// Hedges not sent because the policy's hedge budget was spent.
+    hedges_over_budget: u32,
+}
+
+impl Records {
+    /// The `k`-th retry of the call (1 for the first retry) was sent.
+    pub(crate) fn retry(&mut self, k: u32) {
+        self.retries[bucket(k)] += 1;
+    }
+
+    /// A retry attempt failed.
+    pub(crate) fn retry_failure(&mut self) {
+        self.retry_failures += 1;
+    }
+
+    /// A hedge was not sent: its budget was spent.
+    pub(crate) fn hedge_over_budget(&mut self) {
+        self.hedges_over_budget += 1;
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        *self == Records::default()
+    }
+}
+
 /// Distinct methods tracked before further ones share one overflow entry, so a client that
 /// sees arbitrary paths cannot grow the table without bound.
 pub(crate) const MAX_METHODS: usize = 1024;
@@ -104,21 +138,19 @@ pub(crate) struct MethodStats {
 }
 
 impl MethodStats {
-    /// Records that the `k`-th retry of a call (1 for the first retry) was sent.
-    pub(crate) fn record_retry(&self, k: u32) {
-        self.retry_attempts.fetch_add(1, Ordering::Relaxed);
-        self.histogram[bucket(k)].fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// Records that a retry attempt failed.
-    pub(crate) fn record_retry_failure(&self) {
-        self.retry_failures.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// Records that a hedge was not sent because its policy's
-    /// [`HedgeBudget`](crate::throttle::HedgeBudget) was spent.
-    pub(crate) fn record_hedge_over_budget(&self) {
-        self.hedges_over_budget.fetch_add(1, Ordering::Relaxed);
+    /// Adds what a call did, as its engine recorded it.
+    pub(crate) fn add(&self, records: &Records) {
+        let add = |counter: &AtomicU64, n: u32| {
+            if n > 0 {
+                counter.fetch_add(u64::from(n), Ordering::Relaxed);
+            }
+        };
+        add(&self.retry_attempts, records.retries.iter().sum());
+        for (counter, &n) in self.histogram.iter().zip(&records.retries) {
+            add(counter, n);
+        }
+        add(&self.retry_failures, records.retry_failures);
+        add(&self.hedges_over_budget, records.hedges_over_budget);
     }
 
     /// Records how an attempt the call no longer needed was stopped, when it was not reset
@@ -270,10 +302,32 @@ mod tests {
     }
 
     #[test]
+    fn records_add_up_by_bucket() {
+        let stats = MethodStats::default();
+        let mut records = Records::default();
+        for k in [1, 2, 2, 10] {
+            records.retry(k);
+        }
+        records.retry_failure();
+        records.hedge_over_budget();
+        records.hedge_over_budget();
+        stats.add(&records);
+        stats.add(&records);
+        let snapshot = stats.snapshot();
+        assert_eq!(snapshot.retry_attempts, 8);
+        assert_eq!(snapshot.retry_failures, 2);
+        assert_eq!(snapshot.hedges_over_budget, 4);
+        assert_eq!(snapshot.histogram[..6], [2, 4, 0, 0, 0, 2]);
+        assert!(Records::default().is_empty() && !records.is_empty());
+    }
+
+    #[test]
     fn table_is_bounded() {
         let stats = Stats::default();
+        let mut one_retry = Records::default();
+        one_retry.retry(1);
         for i in 0..(MAX_METHODS + 10) {
-            stats.method(&format!("/s/m{i}")).record_retry(1);
+            stats.method(&format!("/s/m{i}")).add(&one_retry);
         }
         let snapshot = stats.snapshot();
         assert_eq!(snapshot.methods.len(), MAX_METHODS + 1);

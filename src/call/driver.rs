@@ -146,6 +146,14 @@ where
         policies.stats().method(key)
     }
 
+    /// Adds what the engine recorded for the statistics to the method's. A call of one
+    /// attempt has nothing to add, and looks nothing up.
+    fn report(&mut self) {
+        if let Some(records) = self.engine.take_records() {
+            self.method_stats().add(&records);
+        }
+    }
+
     /// Drops an answer the call does not return (a failure kept before a later one, an
     /// answer that came in after the call was decided): a response whose body has not ended
     /// resets its stream, which the table's limit of stream resets counts.
@@ -479,7 +487,7 @@ where
         Admission::Send => {}
         Admission::Refused => return Sent::No,
         Admission::OverBudget => {
-            state.method_stats().record_hedge_over_budget();
+            state.report();
             return Sent::No;
         }
     }
@@ -502,9 +510,7 @@ where
         sent_at,
         future,
     });
-    if !send.transparent {
-        state.method_stats().record_retry(id.number - 1);
-    }
+    state.report();
     crate::telemetry::hedge_sent(id.send, send.hedge && !send.transparent);
     if let Some(spans) = &mut state.spans {
         let fields = AttemptFields {
@@ -652,11 +658,7 @@ where
     let verdict = state
         .engine
         .on_answer(id, outcome, view, &state.call, inputs);
-    let failures = state.engine.take_retry_failures();
-    if failures > 0 {
-        let stats = state.method_stats();
-        (0..failures).for_each(|_| stats.record_retry_failure());
-    }
+    state.report();
     match verdict {
         Verdict::Return => {
             if let (true, Some(delay), Some(sent_at)) =

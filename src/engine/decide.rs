@@ -119,7 +119,7 @@ impl Engine {
 
     fn count_retry_failure(&mut self, attempt: AttemptId) {
         if attempt.number > 1 {
-            self.retry_state().retry_failures += 1;
+            self.retry_state().records.retry_failure();
         }
     }
 

@@ -42,7 +42,7 @@ use rand::RngCore;
 
 use crate::classify::{AttemptResult, Classify, Outcome};
 use crate::metadata::Attempts;
-use crate::stats::CallCounts;
+use crate::stats::{CallCounts, Records};
 
 use self::live::Live;
 pub(crate) use self::rules::{
@@ -250,8 +250,8 @@ struct RetryState {
     timed_out: Option<AttemptId>,
     /// The attempt whose failure is kept as the call's last.
     last: Option<AttemptId>,
-    /// Failed retries (attempts after the first) not yet taken for the statistics.
-    retry_failures: u32,
+    /// What the statistics count, not yet taken by the driver.
+    records: Records,
     /// Since when no attempt has been in flight (A96's retry delay), if the call is waiting.
     idle_since: Option<Instant>,
     /// Time spent with no attempt in flight before a later attempt was sent.
@@ -352,12 +352,15 @@ impl Engine {
         })
     }
 
-    /// Failed retries since the last call, for the statistics: A6 counts "retry attempts
-    /// which failed", hedges after the first included.
-    pub(crate) fn take_retry_failures(&mut self) -> u32 {
-        self.retry_state
-            .as_mut()
-            .map_or(0, |t| std::mem::take(&mut t.retry_failures))
+    /// What the call did for the statistics since the last call: retries sent, retries
+    /// failed (A6 counts "retry attempts which failed", hedges after the first included) and
+    /// hedges over budget. `None` when nothing: a call of one attempt never has any.
+    pub(crate) fn take_records(&mut self) -> Option<Records> {
+        let retry_state = self.retry_state.as_mut()?;
+        if retry_state.records.is_empty() {
+            return None;
+        }
+        Some(std::mem::take(&mut retry_state.records))
     }
 
     /// The classifier of the call's attempts.
@@ -535,6 +538,7 @@ impl Engine {
             self.next = None;
             let retry_state = self.retry_state();
             retry_state.hedges_over_budget += 1;
+            retry_state.records.hedge_over_budget();
             retry_state.no_backups = true;
             return Admission::OverBudget;
         }
@@ -580,6 +584,7 @@ impl Engine {
             return id;
         }
         self.counted += 1;
+        self.retry_state().records.retry(send.number - 1);
         if send.hedge {
             self.retry_state().hedges += 1;
         }

@@ -288,15 +288,13 @@ where
             Admission::Send => {}
             Admission::Refused => return,
             Admission::OverBudget => {
-                self.method_stats().record_hedge_over_budget();
+                self.report();
                 return;
             }
         }
         let reader = self.body.0.clone();
         let id = self.engine.on_sent(send, reader.reader_id(), inputs);
-        if !send.transparent {
-            self.method_stats().record_retry(id.number - 1);
-        }
+        self.report();
         crate::telemetry::hedge_sent(id.send, send.hedge && !send.transparent);
         self.start_attempt(id, reader);
     }
@@ -387,11 +385,7 @@ where
         };
         let outcome = self.engine.classifier().classify(view);
         let verdict = self.engine.on_answer(id, outcome, view, &self.body, inputs);
-        let failures = self.engine.take_retry_failures();
-        if failures > 0 {
-            let stats = self.method_stats();
-            (0..failures).for_each(|_| stats.record_retry_failure());
-        }
+        self.report();
         match verdict {
             Verdict::Return => {
                 // Any answer of the server is a latency, as a response is for the layers'
@@ -447,6 +441,14 @@ where
             ResponseStreamItem::Message | ResponseStreamItem::StreamClosed => {}
         }
         answered
+    }
+
+    /// Adds what the engine recorded for the statistics to the method's, as the layers'
+    /// driver does.
+    fn report(&mut self) {
+        if let Some(records) = self.engine.take_records() {
+            self.method_stats().add(&records);
+        }
     }
 
     /// The statistics of the call's route or method.

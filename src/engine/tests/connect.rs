@@ -110,6 +110,11 @@ fn a_hedge_over_its_policy_budget_is_not_sent_and_the_call_waits_on_the_first() 
     // No more hedges for this call: it waits on its first attempt.
     assert_eq!(poll(&mut second, t0() + ms(10)), Action::Wait(None));
     assert_eq!(second.extra().map(|e| e.hedges_over_budget), Some(1));
+    // The statistics count it once, when the driver takes the records.
+    let stats = crate::stats::MethodStats::default();
+    stats.add(&second.take_records().expect("a hedge over budget"));
+    assert_eq!(stats.snapshot().hedges_over_budget, 1);
+    assert_eq!(second.take_records(), None);
     assert_eq!(
         answer(
             &mut second,

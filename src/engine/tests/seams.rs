@@ -249,3 +249,38 @@ fn a_call_waiting_on_its_attempts_with_nothing_timed_reads_no_clock() {
     assert_eq!(poll_counting(&mut engine), Action::Wait(Some(t0 + ms(50))));
     assert_eq!(reads.get(), 4);
 }
+
+#[test]
+fn the_engine_records_what_the_statistics_count_retries_sent_and_failed() {
+    let mut engine = engine_of(rules(Mode::Retry(retry_policy(|b| b)), 5, None), None);
+    assert_eq!(
+        engine.take_records(),
+        None,
+        "a first attempt is not a retry"
+    );
+    let stats = crate::stats::MethodStats::default();
+    let mut now = t0();
+    let mut id = AttemptId::FIRST;
+    for _ in 0..2 {
+        assert_eq!(answer(&mut engine, id, RETRYABLE, now), Verdict::Keep);
+        let Action::Wait(Some(at)) = poll(&mut engine, now) else {
+            panic!("a backoff")
+        };
+        now = at;
+        let Action::Send(send) = poll(&mut engine, now) else {
+            panic!("the retry is due")
+        };
+        id = sent(&mut engine, send, now);
+        stats.add(&engine.take_records().expect("a retry sent"));
+    }
+    assert_eq!(
+        answer(&mut engine, id, Outcome::Success, now),
+        Verdict::Return
+    );
+    assert_eq!(engine.take_records(), None);
+    let snapshot = stats.snapshot();
+    // Two retries sent (the 1st and 2nd), one failed: the first attempt is not a retry.
+    assert_eq!(snapshot.retry_attempts, 2);
+    assert_eq!(snapshot.retry_failures, 1);
+    assert_eq!(snapshot.histogram[..2], [1, 1]);
+}
