@@ -109,6 +109,40 @@
 //! exponential backoff is by far the slowest to finish. gRPC's ±20 % sits between: it
 //! de-synchronises clients but keeps each wait near its nominal value.
 //!
+//! Which schedule, by use:
+//!
+//! - **gRPC retries**: [`Exponential::grpc`](crate::backoff::Exponential::grpc). gRFC A6 was
+//!   revised in 2024 to match what grpc-go, grpc-java and grpc C-core do:
+//!   `min(initial * multiplier^(n-1), max) * U(0.8, 1.2)`, i.e. `±20 %` after the cap. The
+//!   2017 text of A6 said `U(0, min(initial * multiplier^(n-1), max))`;
+//!   [`Exponential::grpc_full_jitter`](crate::backoff::Exponential::grpc_full_jitter) gives
+//!   that.
+//! - **Many clients contending for one resource**: full jitter
+//!   ([`Jitter::Full`](crate::backoff::Jitter::Full)) or
+//!   [`Decorrelated`](crate::backoff::Decorrelated) spread the load most (the AWS
+//!   Architecture Blog's "Exponential Backoff And Jitter");
+//!   [`Jitter::Equal`](crate::backoff::Jitter::Equal) trades some spread for a guaranteed
+//!   minimum wait.
+//! - **A reconnect loop**: [`Table::seed_default`](crate::backoff::Table::seed_default)
+//!   (seed 002: up to 5 s `±50 %`) or [`Exponential::google`](crate::backoff::Exponential::google)
+//!   (0.5 s, x1.5, `±50 %`, capped at 32 s).
+//! - **A fixed pause**: [`Constant`](crate::backoff::Constant).
+//!
+//! # Backoff in your own loop: the loop owns the counter
+//!
+//! The [`backoff`](crate::backoff) schedules are plain data; the loop that retries keeps the
+//! attempt counter. Seed 002 ("Simple backoff") makes the case. A backoff object that runs
+//! your function and counts its failures takes the control flow away from you. With the
+//! counter in your loop:
+//!
+//! - the loop looks like what it does: sleep, try, count a failure or reset to zero;
+//! - it can wait in a `select!` next to other signals ("stop", "the server is back, retry
+//!   from zero") and reset the counter mid-wait;
+//! - it decides which errors are fatal and which are worth another attempt, without
+//!   teaching the schedule about its errors;
+//! - the counter is a plain integer whose zero means "first wait", and the schedule, which
+//!   holds no state, is shared freely between tasks without a lock.
+//!
 //! # Server hints: pushback and `RetryInfo`
 //!
 //! gRPC servers ask for a delay with `grpc-retry-pushback-ms`, which every policy reads.

@@ -1,21 +1,8 @@
 //! Backoff schedules: how long to wait before the next attempt.
 //!
-//! A schedule is plain data (`Clone + Send + Sync`, no interior state, no allocation per
-//! call): it turns an attempt number, and for [`Decorrelated`] the previous delay, into a
-//! delay. The loop that retries owns the counter.
-//!
-//! # Why the caller owns the attempt counter
-//!
-//! Seed 002 ("Simple backoff") makes the case. A backoff object that runs your function and
-//! counts its failures takes the control flow away from you. With the counter in your loop:
-//!
-//! - the loop looks like what it does: sleep, try, count a failure or reset to zero;
-//! - it can wait in a `select!` next to other signals ("stop", "the server is back, retry
-//!   from zero") and reset the counter mid-wait;
-//! - it decides which errors are fatal and which are worth another attempt, without
-//!   teaching the schedule about its errors;
-//! - the counter is a plain integer whose zero means "first wait", and the schedule, which
-//!   holds no state, is shared freely between tasks without a lock.
+//! A schedule is plain data (`Clone + Send + Sync`, nothing mutable, no allocation per call):
+//! it turns an attempt number, and for [`Decorrelated`] the previous delay, into a delay. The
+//! loop that retries owns the counter; the [guide](crate::guide) says why, and which to pick.
 //!
 //! # Attempt numbering
 //!
@@ -45,20 +32,6 @@
 //!
 //! For [`Exponential`], jitter is applied after the cap, so `Proportional(f)` can reach
 //! `max * (1 + f)`.
-//!
-//! # Which to pick
-//!
-//! - **gRPC retries**: [`Exponential::grpc`]. gRFC A6 was revised in 2024 to match what
-//!   grpc-go, grpc-java and grpc C-core do: `min(initial * multiplier^(n-1), max) * U(0.8,
-//!   1.2)`, i.e. `±20 %` after the cap. The 2017 text of A6 said
-//!   `U(0, min(initial * multiplier^(n-1), max))`; [`Exponential::grpc_full_jitter`] gives
-//!   that.
-//! - **Many clients contending for one resource**: full jitter ([`Jitter::Full`]) or
-//!   [`Decorrelated`] spread the load most (the AWS Architecture Blog's "Exponential Backoff
-//!   And Jitter"); [`Jitter::Equal`] trades some spread for a guaranteed minimum wait.
-//! - **A reconnect loop**: [`Table::seed_default`] (seed 002: up to 5 s `±50 %`) or
-//!   [`Exponential::google`] (0.5 s, x1.5, `±50 %`, capped at 32 s).
-//! - **A fixed pause**: [`Constant`].
 //!
 //! # Randomness
 //!
