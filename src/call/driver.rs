@@ -223,7 +223,9 @@ where
         let route = state
             .route
             .map(|route| state.shared.policies.route_name(route));
-        let labels = state.call.labels(route, metrics.records_custom_label());
+        let labels = state
+            .call
+            .labels(state.engine.grpc(), route, metrics.records_custom_label());
         metrics.record(&counts, &labels);
     }
 }
@@ -492,8 +494,8 @@ where
         }
     }
     let sent = state.engine.attempts().sent();
-    let deadline = state.engine.deadline();
-    let Some((request, reader)) = state.call.request(send, sent, deadline, inputs.now()) else {
+    let attempt_headers = state.engine.attempt_headers(send.number, inputs.now());
+    let Some((request, reader)) = state.call.request(send, sent, attempt_headers) else {
         // The body committed itself while the call waited.
         if let Some(reader) = state.call.committed_reader() {
             state.engine.on_commit(reader);

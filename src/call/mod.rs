@@ -8,8 +8,8 @@ mod marks;
 
 use std::sync::{Arc, Mutex};
 
+use http::Request;
 use http::header::CONTENT_TYPE;
-use http::{HeaderValue, Request};
 use tokio::time::Instant;
 use tower_service::Service;
 
@@ -153,7 +153,7 @@ where
         );
     }
     let limits = shared.policies.buffer_limits();
-    let (call, first, reader) = Call::start(request, limits, grpc, start.track_backends);
+    let (call, first, reader) = Call::start(request, limits, start.track_backends);
     let future = sending(|| inner.call(first));
     let body = call.body_kind();
     ResponseFuture::driven(driver::Driver::new(
@@ -240,8 +240,6 @@ enum Body<B: Replay> {
 pub(crate) struct Call<B: Replay> {
     head: RequestHead,
     body: Body<B>,
-    /// A gRPC call: its attempts carry A6's headers.
-    grpc: bool,
 }
 
 impl<B: Replay> Call<B> {
@@ -251,7 +249,6 @@ impl<B: Replay> Call<B> {
     pub(crate) fn start(
         request: Request<B>,
         limits: &BufferLimits,
-        grpc: bool,
         track_backends: bool,
     ) -> (Self, Request<B>, u64) {
         let (mut parts, body) = request.into_parts();
@@ -269,7 +266,6 @@ impl<B: Replay> Call<B> {
         let call = Call {
             head: RequestHead::of(&parts),
             body,
-            grpc,
         };
         (call, Request::from_parts(parts, first), reader)
     }
@@ -288,10 +284,16 @@ impl<B: Replay> Call<B> {
         self.head.uri.path()
     }
 
-    /// The call's metric labels, for the route named `route` if it took one; with gRFC
-    /// A108's custom label, read from the request's extensions, when `custom`.
+    /// The metric labels of the call (a gRPC call when `grpc`), for the route named `route`
+    /// if it took one; with gRFC A108's custom label, read from the request's extensions,
+    /// when `custom`.
     #[cfg(feature = "opentelemetry")]
-    pub(crate) fn labels(&self, route: Option<&Arc<str>>, custom: bool) -> crate::metrics::Labels {
+    pub(crate) fn labels(
+        &self,
+        grpc: bool,
+        route: Option<&Arc<str>>,
+        custom: bool,
+    ) -> crate::metrics::Labels {
         // The request's authority: its URI's, else its `Host` header.
         let authority = match self.head.uri.authority() {
             Some(authority) => Some(authority.as_str()),
@@ -303,7 +305,7 @@ impl<B: Replay> Call<B> {
         };
         // The copy of the extensions every attempt is made from: nothing kept for the label.
         let extensions = custom.then_some(&self.head.extensions);
-        crate::metrics::Labels::of(self.path(), self.grpc, authority, route, extensions)
+        crate::metrics::Labels::of(self.path(), grpc, authority, route, extensions)
     }
 
     /// Whether an attempt the call no longer needs can still send its whole request: if not,
@@ -340,8 +342,7 @@ impl<B: Replay> Call<B> {
         &mut self,
         send: Dispatch,
         sent: u32,
-        deadline: Option<std::time::Instant>,
-        now: std::time::Instant,
+        attempt_headers: engine::AttemptHeaders,
     ) -> Option<(Request<B>, u64)> {
         let (body, reader) = match &self.body {
             Body::Copies(copies) => copies.copy()?,
@@ -349,22 +350,11 @@ impl<B: Replay> Call<B> {
         };
         let mut request = self.head.request(body);
         let headers = request.headers_mut();
-        if self.grpc {
-            // A6: the attempts before this one, transparent retries excluded.
-            if send.number > 1 {
-                headers.insert(
-                    GRPC_PREVIOUS_RPC_ATTEMPTS_NAME,
-                    HeaderValue::from(send.number - 1),
-                );
-            }
-            // Each attempt carries what is left of the call's time.
-            if let Some(deadline) = deadline {
-                let remaining = deadline.saturating_duration_since(now);
-                headers.insert(
-                    grpc_timeout::GRPC_TIMEOUT_NAME,
-                    grpc_timeout::encode(remaining),
-                );
-            }
+        if let Some(previous) = attempt_headers.previous {
+            headers.insert(GRPC_PREVIOUS_RPC_ATTEMPTS_NAME, previous);
+        }
+        if let Some(timeout) = attempt_headers.timeout {
+            headers.insert(grpc_timeout::GRPC_TIMEOUT_NAME, timeout);
         }
         let extensions = request.extensions_mut();
         extensions.insert(AttemptInfo {

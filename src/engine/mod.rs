@@ -258,6 +258,15 @@ struct RetryState {
     idle: Duration,
 }
 
+/// The headers of one attempt of a gRPC call, as [`Engine::attempt_headers`] gives them.
+#[derive(Debug, Default)]
+pub(crate) struct AttemptHeaders {
+    /// `grpc-previous-rpc-attempts`, after the first attempt.
+    pub(crate) previous: Option<http::HeaderValue>,
+    /// `grpc-timeout`: the call's time left, when it has a deadline.
+    pub(crate) timeout: Option<http::HeaderValue>,
+}
+
 /// What a call's result carries about its attempts, when it made more than one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct AttemptMarks {
@@ -382,6 +391,22 @@ impl Engine {
 
     pub(crate) fn deadline(&self) -> Option<Instant> {
         self.deadline
+    }
+
+    /// What counted attempt `number`, sent at `now`, tells the server of its call: for a
+    /// gRPC call, the attempts before it (A6's `grpc-previous-rpc-attempts`, transparent
+    /// retries excluded, absent on the first) and what is left of the call's time
+    /// (`grpc-timeout`); nothing for other calls.
+    pub(crate) fn attempt_headers(&self, number: u32, now: Instant) -> AttemptHeaders {
+        if !self.rules.grpc {
+            return AttemptHeaders::default();
+        }
+        AttemptHeaders {
+            previous: (number > 1).then(|| http::HeaderValue::from(number - 1)),
+            timeout: self.deadline.map(|deadline| {
+                crate::grpc_timeout::encode(deadline.saturating_duration_since(now))
+            }),
+        }
     }
 
     /// Whether the engine may stop the first attempt while it runs: a hedging policy (a

@@ -303,18 +303,17 @@ where
     fn start_attempt(&mut self, id: AttemptId, reader: ReplayBody<Messages>) {
         let mut headers = self.headers.clone();
         let mut options = self.options.clone();
-        if id.number > 1 {
-            headers.metadata_mut().insert(
-                GRPC_PREVIOUS_RPC_ATTEMPTS,
-                MetadataValue::from(id.number - 1),
-            );
-        }
         if let Some(deadline) = self.engine.deadline() {
             options.set_deadline(deadline);
-            let left = deadline.saturating_duration_since(tokio::time::Instant::now().into_std());
-            let timeout = crate::grpc_timeout::encode(left);
-            if let Ok(value) = MetadataValue::try_from(timeout.as_bytes()) {
-                headers.metadata_mut().insert(GRPC_TIMEOUT, value);
+        }
+        let now = tokio::time::Instant::now().into_std();
+        let attempt_headers = self.engine.attempt_headers(id.number, now);
+        for (name, value) in [
+            (GRPC_PREVIOUS_RPC_ATTEMPTS, attempt_headers.previous),
+            (GRPC_TIMEOUT, attempt_headers.timeout),
+        ] {
+            if let Some(value) = value.and_then(|v| MetadataValue::try_from(v.as_bytes()).ok()) {
+                headers.metadata_mut().insert(name, value);
             }
         }
         tracing::debug!(attempt = id.send, previous = id.number - 1, "attempt sent");

@@ -284,3 +284,35 @@ fn the_engine_records_what_the_statistics_count_retries_sent_and_failed() {
     assert_eq!(snapshot.retry_failures, 1);
     assert_eq!(snapshot.histogram[..2], [1, 1]);
 }
+
+#[test]
+fn an_attempt_tells_a_grpc_server_the_attempts_before_it_and_the_time_left() {
+    let mut engine = engine_of(hedge_rules(3, ms(100)), Some(t0() + ms(700)));
+    let first = engine.attempt_headers(1, t0());
+    assert_eq!(first.previous, None);
+    assert_eq!(
+        first.timeout.as_ref().map(|t| t.to_str().unwrap()),
+        Some("700m")
+    );
+    let third = engine.attempt_headers(3, t0() + ms(500));
+    assert_eq!(
+        third.previous.as_ref().map(|p| p.to_str().unwrap()),
+        Some("2")
+    );
+    assert_eq!(
+        third.timeout.as_ref().map(|t| t.to_str().unwrap()),
+        Some("200m")
+    );
+    // Past the deadline: nothing left, never a negative time.
+    let late = engine.attempt_headers(2, t0() + ms(900));
+    assert_eq!(
+        late.timeout.as_ref().map(|t| t.to_str().unwrap()),
+        Some("0n")
+    );
+    // Not gRPC: nothing to tell.
+    let mut rules = hedge_rules(3, ms(100));
+    rules.grpc = false;
+    engine = engine_of(rules, Some(t0() + ms(700)));
+    let headers = engine.attempt_headers(2, t0());
+    assert!(headers.previous.is_none() && headers.timeout.is_none());
+}
