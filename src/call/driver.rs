@@ -653,13 +653,10 @@ where
         Err(error) => AttemptResult::Error(&**error),
     };
     let state = &mut **this.state;
-    let outcome = state.engine.classifier().classify(view);
+    let (verdict, outcome) = state.engine.on_answer(id, view, &state.call, inputs);
     if let Some(spans) = &mut state.spans {
         spans.answered(id.send, &outcome);
     }
-    let verdict = state
-        .engine
-        .on_answer(id, outcome, view, &state.call, inputs);
     state.report();
     match verdict {
         Verdict::Return => {

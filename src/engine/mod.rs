@@ -40,7 +40,7 @@ use std::time::{Duration, Instant};
 
 use rand::RngCore;
 
-use crate::classify::{AttemptResult, Classify, Outcome};
+use crate::classify::{AttemptResult, Outcome};
 use crate::metadata::Attempts;
 use crate::stats::{CallCounts, Records};
 
@@ -373,10 +373,6 @@ impl Engine {
     }
 
     /// The classifier of the call's attempts.
-    pub(crate) fn classifier(&self) -> &dyn Classify {
-        self.rules.classifier()
-    }
-
     /// The hedging delay that learns from latencies, if the call's policy has one.
     pub(crate) fn adaptive_delay(&self) -> Option<&crate::policy::HedgeDelay> {
         match &self.rules.mode {
@@ -822,10 +818,25 @@ impl Engine {
         refused
     }
 
-    /// Attempt `attempt` (whose body reader is `reader`) answered, classified as `outcome`
-    /// (before the engine's own rules: the idempotency gate, the pushback cap, a second
-    /// refusal). `body` is asked to commit to `reader` if the answer would end the call.
+    /// Attempt `attempt` answered with `result`, which the call's policy classifies (before
+    /// the engine's own rules: the idempotency gate, the pushback cap, a second refusal).
+    /// `body` is asked to commit to the attempt's reader if the answer would end the call.
+    /// Gives the verdict, and the class the policy gave the result (for the attempt's span).
     pub(crate) fn on_answer(
+        &mut self,
+        attempt: AttemptId,
+        result: AttemptResult<'_>,
+        body: &dyn CommitBody,
+        inputs: &mut Inputs<'_>,
+    ) -> (Verdict, Outcome) {
+        let outcome = self.rules.classifier().classify(result);
+        let verdict = self.on_outcome(attempt, outcome, result, body, inputs);
+        (verdict, outcome)
+    }
+
+    /// [`on_answer`](Engine::on_answer) for a result already classified as `outcome`; the
+    /// engine's rule tests and model give outcomes directly.
+    pub(crate) fn on_outcome(
         &mut self,
         attempt: AttemptId,
         outcome: Outcome,

@@ -473,7 +473,7 @@ impl Model {
                 };
                 let verdict = {
                     let body = &body;
-                    self.inputs(|e, inputs| e.on_answer(id, outcome(answer), result, body, inputs))
+                    self.inputs(|e, inputs| e.on_outcome(id, outcome(answer), result, body, inputs))
                 };
                 let claimed = body.committed.get();
                 self.body.committed.set(claimed);

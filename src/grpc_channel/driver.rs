@@ -382,8 +382,7 @@ where
             status: StatusCode::OK,
             headers: &headers,
         };
-        let outcome = self.engine.classifier().classify(view);
-        let verdict = self.engine.on_answer(id, outcome, view, &self.body, inputs);
+        let (verdict, _) = self.engine.on_answer(id, view, &self.body, inputs);
         self.report();
         match verdict {
             Verdict::Return => {

@@ -61,7 +61,7 @@ fn answer(engine: &mut Engine, id: AttemptId, outcome: Outcome, now: Instant) ->
         headers: &headers,
     };
     at(now, |inputs| {
-        engine.on_answer(id, outcome, result, &Unrecorded, inputs)
+        engine.on_outcome(id, outcome, result, &Unrecorded, inputs)
     })
 }
 
@@ -152,7 +152,7 @@ fn answer_with(
         headers: &headers,
     };
     at(t0(), |inputs| {
-        engine.on_answer(id, outcome, result, body, inputs)
+        engine.on_outcome(id, outcome, result, body, inputs)
     })
 }
 
