@@ -372,7 +372,6 @@ impl Engine {
         Some(std::mem::take(&mut retry_state.records))
     }
 
-    /// The classifier of the call's attempts.
     /// The hedging delay that learns from latencies, if the call's policy has one.
     pub(crate) fn adaptive_delay(&self) -> Option<&crate::policy::HedgeDelay> {
         match &self.rules.mode {
