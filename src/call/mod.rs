@@ -1,6 +1,7 @@
 //! One call through a layer: which layer drives it, what it keeps to make its attempts, and
 //! the future that drives the [engine](crate::engine) for both layers.
 
+mod attempt;
 mod driver;
 mod future;
 mod handles;
