@@ -316,3 +316,36 @@ fn an_attempt_tells_a_grpc_server_the_attempts_before_it_and_the_time_left() {
     let headers = engine.attempt_headers(2, t0());
     assert!(headers.previous.is_none() && headers.timeout.is_none());
 }
+
+#[test]
+fn the_engine_classifies_an_answer_by_the_call_s_policy() {
+    let mut engine = engine_of(rules(Mode::Retry(retry_policy(|b| b)), 5, None), None);
+    let answer = |engine: &mut Engine, id, code: &'static str, now| {
+        let mut headers = HeaderMap::new();
+        headers.insert("grpc-status", http::HeaderValue::from_static(code));
+        let result = AttemptResult::Response {
+            status: StatusCode::OK,
+            headers: &headers,
+        };
+        at(now, |inputs| {
+            engine.on_answer(id, result, &Unrecorded, inputs)
+        })
+    };
+    // UNAVAILABLE is in the policy's retryable codes: kept, and retried.
+    assert_eq!(
+        answer(&mut engine, AttemptId::FIRST, "14", t0()),
+        (Verdict::Keep, Outcome::Retryable(None))
+    );
+    let Action::Wait(Some(at)) = poll(&mut engine, t0()) else {
+        panic!("a backoff")
+    };
+    let Action::Send(send) = poll(&mut engine, at) else {
+        panic!("the retry is due")
+    };
+    let second = sent(&mut engine, send, at);
+    // INVALID_ARGUMENT is not: the call ends with it.
+    assert_eq!(
+        answer(&mut engine, second, "3", at),
+        (Verdict::Return, Outcome::Fatal(None))
+    );
+}
