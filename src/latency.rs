@@ -171,8 +171,13 @@ impl AdaptiveDelay {
 
     /// Records the latency of a successful attempt.
     pub fn record(&self, latency: Duration) {
+        self.record_at(Instant::now(), latency);
+    }
+
+    /// [`record`](AdaptiveDelay::record) at `now`, read by the caller.
+    pub(crate) fn record_at(&self, now: Instant, latency: Duration) {
         let bucket = bucket_of(latency);
-        self.window.samples.count(Instant::now(), |slot| {
+        self.window.samples.count(now, |slot| {
             slot.counts[bucket] = slot.counts[bucket].saturating_add(1);
             slot.total = slot.total.saturating_add(1);
         });
@@ -180,8 +185,12 @@ impl AdaptiveDelay {
 
     /// The delay to use now.
     pub fn current(&self) -> Duration {
+        self.current_at(Instant::now())
+    }
+
+    /// [`current`](AdaptiveDelay::current) at `now`, read by the caller.
+    pub(crate) fn current_at(&self, now: Instant) -> Duration {
         let window = &*self.window;
-        let now = Instant::now();
         let since = window.since_epoch(now);
         if let Some(cached) = window.cached()
             && since < window.valid_until.load(Ordering::Acquire)

@@ -13,7 +13,6 @@ use crate::engine::AttemptId;
 /// so that it can be let finish on a task of its own once the call no longer needs it.
 pub(super) struct Attempt<F> {
     pub(super) id: AttemptId,
-    pub(super) sent_at: std::time::Instant,
     pub(super) future: Pin<Box<F>>,
 }
 

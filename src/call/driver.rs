@@ -182,9 +182,6 @@ where
     S: Service<Request<B>>,
     B: Replay,
 {
-    // When the first attempt was sent, for a hedging delay that learns from latencies:
-    // stamped at the first poll, and only for such a delay.
-    first_sent_at: Option<std::time::Instant>,
     // The attempts after the first and their service, once the call sends a second one.
     later: Option<Box<LaterAttempts<S, B>>>,
     // The one timer, at the earliest time the engine asks for. Made when the call first waits.
@@ -213,7 +210,6 @@ where
         span: tracing::Span,
     ) -> Box<Self> {
         Box::new(CallExtras {
-            first_sent_at: None,
             later: None,
             timer: None,
             shared,
@@ -260,9 +256,6 @@ where
         let read = || tokio::time::Instant::now().into_std();
         let mut rng = LazyRng::default();
         let mut inputs = Inputs::new(&read, &mut rng);
-        if this.state.engine.adaptive_delay().is_some() && this.state.first_sent_at.is_none() {
-            this.state.first_sent_at = Some(inputs.now());
-        }
         loop {
             // Events in a fixed order: the timer (the deadline wins over an answer ready in
             // the same poll), the body's commit (seen before any answer), then the answers.
@@ -314,8 +307,7 @@ where
         drop(entered);
         if let Some(Poll::Ready(result)) = polled {
             this.first.set(First::Gone);
-            let sent_at = this.state.first_sent_at;
-            let done = answer(this, AttemptId::FIRST, sent_at, result, inputs);
+            let done = answer(this, AttemptId::FIRST, result, inputs);
             if done.is_some() {
                 return done;
             }
@@ -337,8 +329,8 @@ where
             continue;
         };
         let later = this.state.later.as_mut().expect("polled above");
-        let Attempt { id, sent_at, .. } = later.attempts.remove(i);
-        let done = answer(this, id, Some(sent_at), result, inputs);
+        let Attempt { id, .. } = later.attempts.remove(i);
+        let done = answer(this, id, result, inputs);
         if done.is_some() {
             return done;
         }
@@ -452,12 +444,7 @@ where
     let service = later.service.as_mut().expect("polled ready above");
     let future = Box::pin(super::sending(|| service.call(request)));
     let id = state.engine.on_sent(send, reader, inputs);
-    let sent_at = inputs.now();
-    later.attempts.push(Attempt {
-        id,
-        sent_at,
-        future,
-    });
+    later.attempts.push(Attempt { id, future });
     state.report();
     crate::telemetry::hedge_sent(id.send, send.hedge && !send.transparent);
     if let Some(spans) = &mut state.spans {
@@ -566,7 +553,6 @@ fn arm(
 fn answer<S, B, RB>(
     this: &mut Proj<'_, S, B>,
     id: AttemptId,
-    sent_at: Option<std::time::Instant>,
     result: Result<Response<RB>, S::Error>,
     inputs: &mut Inputs<'_>,
 ) -> Option<Output<RB>>
@@ -606,11 +592,6 @@ where
     state.report();
     match verdict {
         Verdict::Return => {
-            if let (true, Some(delay), Some(sent_at)) =
-                (result.is_ok(), state.engine.adaptive_delay(), sent_at)
-            {
-                delay.record(inputs.now().saturating_duration_since(sent_at));
-            }
             // A call answered by its only attempt has nothing left to stop.
             if this.first.is_some() || state.later.is_some() {
                 let stopped = take_attempts(this.first.as_mut(), &mut state.later, |_| false);

@@ -162,7 +162,13 @@ where
         driver::CallExtras::new(
             shared,
             call,
-            Engine::new(start.rules, start.deadline, body, reader),
+            Engine::new(
+                start.rules,
+                start.deadline,
+                body,
+                reader,
+                start.first_sent_at,
+            ),
             route,
             span,
         ),

@@ -281,18 +281,20 @@ pub(crate) struct AttemptMarks {
 }
 
 impl Engine {
-    /// A call whose first attempt has just been sent with body reader `reader`.
+    /// A call whose first attempt has just been sent with body reader `reader`, at
+    /// `first_sent_at` where its hedging delay learns from latencies (see [`Start`]).
     pub(crate) fn new(
         rules: Rules,
         deadline: Option<Instant>,
         body: BodyKind,
         reader: u64,
+        first_sent_at: Option<Instant>,
     ) -> Engine {
         let mut engine = Engine {
             rules,
             deadline,
             body,
-            live: Live::first(reader),
+            live: Live::first(reader, first_sent_at),
             sent: 1,
             counted: 1,
             next: None,
@@ -373,7 +375,7 @@ impl Engine {
     }
 
     /// The hedging delay that learns from latencies, if the call's policy has one.
-    pub(crate) fn adaptive_delay(&self) -> Option<&crate::policy::HedgeDelay> {
+    fn adaptive_delay(&self) -> Option<&crate::policy::HedgeDelay> {
         match &self.rules.mode {
             Mode::Hedge(policy, _) if policy.delay.is_adaptive() => Some(&policy.delay),
             _ => None,
@@ -598,7 +600,12 @@ impl Engine {
             send: self.sent,
             number: send.number,
         };
-        self.live.push(id, reader);
+        let sent_at = self.adaptive_delay().is_some().then(|| inputs.now());
+        self.live.push(live::InFlight {
+            id,
+            reader,
+            sent_at,
+        });
         if send.transparent {
             self.retry_state().transparent += 1;
             return id;
@@ -848,11 +855,18 @@ impl Engine {
         }
         // Not live: cut off by a commit or cancelled (its result, a body error or a reset,
         // means nothing).
-        let Some(reader) = self.live.remove(attempt) else {
+        let Some(in_flight) = self.live.remove(attempt) else {
             return Verdict::Drop;
         };
-        let verdict = self.answer(attempt, reader, outcome, result, body, inputs);
+        let verdict = self.answer(attempt, in_flight.reader, outcome, result, body, inputs);
         if verdict == Verdict::Return {
+            // An answer from the server is a latency; a transport error is not.
+            if let (Some(delay), Some(sent_at), AttemptResult::Response { .. }) =
+                (self.adaptive_delay(), in_flight.sent_at, result)
+            {
+                let now = inputs.now();
+                delay.record_at(now, now.saturating_duration_since(sent_at));
+            }
             // The driver drops every other attempt as it returns the answer.
             self.unschedule();
             self.live.clear();

@@ -230,7 +230,7 @@ fn engine_for(setup: &Setup, start: Instant, budget: Option<&HedgeBudget>) -> En
     };
     let body = [BodyKind::Clones, BodyKind::Recorded, BodyKind::Once][usize::from(setup.body)];
     let deadline = setup.deadline.map(|d| start + ms(d));
-    Engine::new(rules, deadline, body, 0)
+    Engine::new(rules, deadline, body, 0, None)
 }
 
 /// How the call ended, as the driver saw it.

@@ -187,10 +187,14 @@ pub(crate) struct Start {
     pub(crate) has_policy: bool,
     /// The call keeps a record of the backends its attempts tried.
     pub(crate) track_backends: bool,
+    /// When its first attempt goes, read only for an adaptive hedging delay, which learns
+    /// from the latency of the attempt that answers.
+    pub(crate) first_sent_at: Option<Instant>,
 }
 
 /// The rules of a call: its method's `policy` (if any), what `table` says of every call,
-/// and what the request says (`call`). `now` is read only when a timeout is set.
+/// and what the request says (`call`). `now` is read once, and only when a timeout or an
+/// adaptive hedging delay needs it.
 ///
 /// Whichever layer of the crate meets a call first drives it, by its method's policy (a
 /// retry policy is retried, a hedging policy hedged, the same in either layer); a layer
@@ -205,6 +209,8 @@ pub(crate) fn plan(
     if call.driven || nothing_applies(policy, table) {
         return Plan::Passthrough;
     }
+    let mut read = None;
+    let mut now = || *read.get_or_insert_with(now);
     let repeatable = call.grpc || call.method.is_idempotent();
     let single = |timeout, wait| (Mode::Single, 1, repeatable, timeout, wait);
     let (mode, max_attempts, may_repeat, timeout, wait_for_ready) = match policy {
@@ -218,7 +224,7 @@ pub(crate) fn plan(
             (mode, policy.max_attempts, may_repeat, policy.timeout, wait)
         }
         Some(MethodPolicy::Hedge(policy)) => {
-            let mode = Mode::Hedge(Arc::clone(policy), policy.delay.current());
+            let mode = Mode::Hedge(Arc::clone(policy), policy.delay.current_at(&mut now));
             let may_repeat = repeatable || policy.non_idempotent;
             let wait = policy.wait_for_ready;
             (mode, policy.max_attempts, may_repeat, policy.timeout, wait)
@@ -229,7 +235,11 @@ pub(crate) fn plan(
     };
     let track_backends =
         table.track_backends || matches!(&mode, Mode::Hedge(policy, _) if policy.track_backends);
-    let (deadline, deadline_from_header) = deadline(call, timeout, now);
+    let (deadline, deadline_from_header) = deadline(call, timeout, &mut now);
+    let first_sent_at = match &mode {
+        Mode::Hedge(policy, _) if policy.delay.is_adaptive() => Some(now()),
+        _ => None,
+    };
     Plan::Drive(Start {
         rules: Rules {
             mode,
@@ -247,6 +257,7 @@ pub(crate) fn plan(
             Some(MethodPolicy::Retry(_) | MethodPolicy::Hedge(_))
         ),
         track_backends,
+        first_sent_at,
     })
 }
 
@@ -263,7 +274,7 @@ pub(crate) fn nothing_applies(policy: Option<&MethodPolicy>, table: &TableFacts)
 fn deadline(
     call: &CallFacts<'_>,
     timeout: Option<Duration>,
-    now: &dyn Fn() -> Instant,
+    now: &mut dyn FnMut() -> Instant,
 ) -> (Option<Instant>, bool) {
     let header = if call.grpc {
         crate::grpc_timeout::from_headers(call.headers)

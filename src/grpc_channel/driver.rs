@@ -105,7 +105,6 @@ impl RecvMessage for NoMessage {
 /// (its receive stream) and its sender task.
 struct Attempt<R> {
     id: AttemptId,
-    sent_at: tokio::time::Instant,
     future: Pin<Box<dyn Future<Output = Answer<R>> + Send>>,
 }
 
@@ -166,6 +165,7 @@ where
             start.deadline,
             crate::engine::BodyKind::Recorded,
             first_reader.reader_id(),
+            start.first_sent_at,
         );
         let mut call = GrpcCall {
             invoker,
@@ -221,8 +221,8 @@ where
                     Event::Committed(reader) => self.engine.on_commit(reader),
                     Event::Answered(index, answer) => {
                         // Its future is done: only its identity is left.
-                        let Attempt { id, sent_at, .. } = self.attempts.swap_remove(index);
-                        if let Some(decision) = self.on_answer(id, sent_at, answer, &mut inputs) {
+                        let Attempt { id, .. } = self.attempts.swap_remove(index);
+                        if let Some(decision) = self.on_answer(id, answer, &mut inputs) {
                             break decision;
                         }
                     }
@@ -332,7 +332,6 @@ where
         };
         self.attempts.push(Attempt {
             id,
-            sent_at: tokio::time::Instant::now(),
             future: Box::pin(future),
         });
     }
@@ -373,30 +372,23 @@ where
     fn on_answer(
         &mut self,
         id: AttemptId,
-        sent_at: tokio::time::Instant,
         answered: Answer<I::RecvStream>,
         inputs: &mut Inputs<'_>,
     ) -> Option<Answer<I::RecvStream>> {
+        // An answer of the server is a response, as for the layers' driver; a stream that
+        // broke is a transport error, as the layers' are (classified UNAVAILABLE for gRPC).
         let headers = answer_headers(&answered.first);
-        let view = AttemptResult::Response {
-            status: StatusCode::OK,
-            headers: &headers,
+        let view = match &headers {
+            Some(headers) => AttemptResult::Response {
+                status: StatusCode::OK,
+                headers,
+            },
+            None => AttemptResult::Error(&StreamBroke),
         };
         let (verdict, _) = self.engine.on_answer(id, view, &self.body, inputs);
         self.report();
         match verdict {
-            Verdict::Return => {
-                // Any answer of the server is a latency, as a response is for the layers'
-                // driver; a stream that broke is not, as the layers' transport errors are not.
-                let from_server = matches!(
-                    answered.first,
-                    ResponseStreamItem::Headers(_) | ResponseStreamItem::Trailers(_)
-                );
-                if let (true, Some(delay)) = (from_server, self.engine.adaptive_delay()) {
-                    delay.record(tokio::time::Instant::now().saturating_duration_since(sent_at));
-                }
-                Some(self.answer(answered))
-            }
+            Verdict::Return => Some(self.answer(answered)),
             Verdict::Keep => {
                 self.last = Some((id, answered));
                 None
@@ -491,34 +483,43 @@ enum Event<R> {
 
 /// The headers the engine classifies an attempt's first item by: none for response headers
 /// (a response has begun: the call commits to it), or the status of a Trailers-Only answer
-/// with the pushback that came with it.
-fn answer_headers(first: &ResponseStreamItem) -> HeaderMap {
+/// with the pushback that came with it; `None` for a stream that broke.
+fn answer_headers(first: &ResponseStreamItem) -> Option<HeaderMap> {
     let mut headers = HeaderMap::new();
-    let (code, metadata) = match first {
-        ResponseStreamItem::Headers(_) => return headers,
-        ResponseStreamItem::Trailers(trailers) => {
-            let code = match trailers.status() {
-                Ok(()) => 0,
-                Err(error) => error.code() as i32,
-            };
-            (code, Some(trailers.metadata()))
-        }
+    let trailers = match first {
+        ResponseStreamItem::Headers(_) => return Some(headers),
+        ResponseStreamItem::Trailers(trailers) => trailers,
         // Out of gRPC's order, or a stream that closed with no status: the call broke.
-        ResponseStreamItem::Message | ResponseStreamItem::StreamClosed => {
-            (StatusCodeError::Unavailable as i32, None)
-        }
+        ResponseStreamItem::Message | ResponseStreamItem::StreamClosed => return None,
+    };
+    let code = match trailers.status() {
+        Ok(()) => 0,
+        Err(error) => error.code() as i32,
     };
     headers.insert("grpc-status", HeaderValue::from(code));
     // `grpc` 0.9 keeps binary metadata encoded out of reach, so `google.rpc.RetryInfo`
     // (`grpc-status-details-bin`) is not read here; `grpc-retry-pushback-ms` is.
-    if let Some(value) = metadata
-        .and_then(|metadata| metadata.get(GRPC_RETRY_PUSHBACK_MS))
+    if let Some(value) = trailers
+        .metadata()
+        .get(GRPC_RETRY_PUSHBACK_MS)
         .and_then(|value| HeaderValue::from_bytes(value.as_bytes()).ok())
     {
         headers.insert(GRPC_RETRY_PUSHBACK_MS, value);
     }
-    headers
+    Some(headers)
 }
+
+/// An attempt's response stream broke before it gave headers or a status.
+#[derive(Debug)]
+struct StreamBroke;
+
+impl std::fmt::Display for StreamBroke {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the response stream ended before its headers or status")
+    }
+}
+
+impl std::error::Error for StreamBroke {}
 
 /// Sends the application's messages to one attempt, from its reader of the record: what was
 /// sent so far, then the rest as it comes. Ends the attempt's request stream (by dropping

@@ -27,15 +27,24 @@ impl HedgeDelay {
         }
     }
 
+    /// [`current`](HedgeDelay::current) for a call starting at `now`, read only for an
+    /// adaptive delay.
+    pub(crate) fn current_at(&self, now: impl FnOnce() -> std::time::Instant) -> Duration {
+        match self {
+            HedgeDelay::Fixed(delay) => *delay,
+            HedgeDelay::Adaptive(adaptive) => adaptive.current_at(now().into()),
+        }
+    }
+
     /// Whether the delay learns from latencies.
     pub(crate) fn is_adaptive(&self) -> bool {
         matches!(self, HedgeDelay::Adaptive(_))
     }
 
-    /// Feeds the latency of a successful attempt to an adaptive delay.
-    pub(crate) fn record(&self, latency: Duration) {
+    /// Feeds the latency of a successful attempt, answered at `now`, to an adaptive delay.
+    pub(crate) fn record_at(&self, now: std::time::Instant, latency: Duration) {
         if let HedgeDelay::Adaptive(adaptive) = self {
-            adaptive.record(latency);
+            adaptive.record_at(now.into(), latency);
         }
     }
 }

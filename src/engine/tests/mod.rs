@@ -75,7 +75,7 @@ fn sent(engine: &mut Engine, send: Dispatch, now: Instant) -> AttemptId {
 
 /// An engine whose first attempt sends body reader 1, with a body that records nothing.
 fn engine_of(rules: Rules, deadline: Option<Instant>) -> Engine {
-    Engine::new(rules, deadline, BodyKind::Clones, 1)
+    Engine::new(rules, deadline, BodyKind::Clones, 1, None)
 }
 
 fn ends_with_last(action: Action) -> bool {
@@ -167,7 +167,7 @@ fn fails_at_once_with_its_first_attempt(engine: &mut Engine) {
 }
 
 fn recorded(rules: Rules, deadline: Option<Instant>) -> Engine {
-    Engine::new(rules, deadline, BodyKind::Recorded, 1)
+    Engine::new(rules, deadline, BodyKind::Recorded, 1, None)
 }
 
 fn hedge_rules(max: u32, delay: Duration) -> Rules {

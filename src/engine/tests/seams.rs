@@ -55,7 +55,7 @@ fn an_answer_loses_to_the_attempt_the_body_committed_to_first() {
 
 #[test]
 fn a_body_sent_once_is_never_hedged_and_its_attempt_goes_on() {
-    let mut engine = Engine::new(hedge_rules(3, ms(20)), None, BodyKind::Once, 0);
+    let mut engine = Engine::new(hedge_rules(3, ms(20)), None, BodyKind::Once, 0, None);
     assert_eq!(poll(&mut engine, t0()), Action::Wait(None));
     assert_eq!(poll(&mut engine, t0() + ms(20)), Action::Wait(None));
     assert!(engine.is_live(AttemptId::FIRST));
@@ -87,6 +87,7 @@ fn a_body_sent_once_fails_at_once_without_asking_the_hook_or_the_throttle() {
         None,
         BodyKind::Once,
         0,
+        None,
     );
     fails_at_once_with_its_first_attempt(&mut engine);
     assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 0);
@@ -348,4 +349,94 @@ fn the_engine_classifies_an_answer_by_the_call_s_policy() {
         answer(&mut engine, second, "3", at),
         (Verdict::Return, Outcome::Fatal(None))
     );
+}
+
+/// The engine feeds an adaptive hedging delay the latency of the answer it returns, from
+/// the attempt's send to the answer, read from the inputs: a server's answer is a sample, a
+/// transport error is not, nor an answer that does not end the call.
+#[test]
+fn the_engine_feeds_an_adaptive_delay_the_latency_of_the_answer_it_returns() {
+    use crate::latency::AdaptiveDelay;
+
+    let adaptive = || {
+        AdaptiveDelay::builder()
+            .min_samples(1)
+            .bounds(ms(1), ms(10_000))
+            .fallback(ms(5))
+            .build()
+            .unwrap()
+    };
+    let hedged = |delay: &AdaptiveDelay| {
+        let policy = HedgePolicy::builder()
+            .max_attempts(3)
+            .adaptive_delay(delay.clone())
+            .non_fatal(GrpcCodes::from([Code::Unavailable]))
+            .build()
+            .unwrap();
+        rules(Mode::Hedge(Arc::new(policy), ms(5)), 3, None)
+    };
+    let error = std::io::Error::other("reset");
+    let headers = HeaderMap::new();
+    let response = AttemptResult::Response {
+        status: StatusCode::OK,
+        headers: &headers,
+    };
+    let start = t0();
+    // The delay's histogram keeps 8 buckets per power of two: 40 ms is counted in the
+    // bucket that ends at 40.96 ms, 30 ms in the one that ends at 30.72 ms.
+    let sample_of = |delay: &AdaptiveDelay| delay.current_at((start + ms(100)).into());
+
+    // A server's answer, 40 ms after the first attempt went: one sample of 40 ms.
+    let delay = adaptive();
+    let mut engine = Engine::new(hedged(&delay), None, BodyKind::Clones, 1, Some(start));
+    let verdict = at(start + ms(40), |inputs| {
+        engine.on_outcome(
+            AttemptId::FIRST,
+            Outcome::Success,
+            response,
+            &Unrecorded,
+            inputs,
+        )
+    });
+    assert_eq!(verdict, Verdict::Return);
+    assert_eq!(sample_of(&delay), Duration::from_micros(40_960));
+
+    // A later attempt's latency runs from its own send.
+    let delay = adaptive();
+    let mut engine = Engine::new(hedged(&delay), None, BodyKind::Clones, 1, Some(start));
+    let Action::Wait(Some(due)) = poll(&mut engine, start) else {
+        panic!("waits for the hedging delay");
+    };
+    let Action::Send(send) = poll(&mut engine, due) else {
+        panic!("sends the hedge when its delay has passed");
+    };
+    let second = sent(&mut engine, send, due);
+    let verdict = at(due + ms(30), |inputs| {
+        engine.on_outcome(second, Outcome::Success, response, &Unrecorded, inputs)
+    });
+    assert_eq!(verdict, Verdict::Return);
+    assert_eq!(sample_of(&delay), Duration::from_micros(30_720));
+
+    // A transport error that ends the call is no sample (the fallback stays), and neither is
+    // a failure the call keeps.
+    let delay = adaptive();
+    let mut engine = Engine::new(hedged(&delay), None, BodyKind::Clones, 1, Some(start));
+    let verdict = at(start + ms(40), |inputs| {
+        let result = AttemptResult::Error(&error);
+        engine.on_outcome(
+            AttemptId::FIRST,
+            Outcome::Fatal(None),
+            result,
+            &Unrecorded,
+            inputs,
+        )
+    });
+    assert_eq!(verdict, Verdict::Return);
+    assert_eq!(sample_of(&delay), ms(5));
+    let mut engine = Engine::new(hedged(&delay), None, BodyKind::Clones, 1, Some(start));
+    let verdict = at(start + ms(40), |inputs| {
+        engine.on_outcome(AttemptId::FIRST, RETRYABLE, response, &Unrecorded, inputs)
+    });
+    assert_eq!(verdict, Verdict::Keep);
+    assert_eq!(sample_of(&delay), ms(5));
 }
