@@ -17,10 +17,12 @@ use tower_service::Service;
 pub use self::future::ResponseFuture;
 pub(crate) use self::handles::Handles;
 use crate::body::{BufferLimits, Copies, Replay};
-use crate::engine::{self, BodyKind, CallFacts, CommitBody, Dispatch, Engine, Mode, Plan, Start};
+use crate::engine::{
+    self, BodyKind, CallFacts, CommitBody, Dispatch, Engine, Entered, Entrance, Mode, Start,
+};
 use crate::grpc_timeout;
 use crate::metadata::{AttemptInfo, Deadline, GRPC_PREVIOUS_RPC_ATTEMPTS_NAME, TriedBackends};
-use crate::policy::Policies;
+use crate::policy::{MethodPolicy, Policies, ThrottleHandle};
 
 /// Whether a request is a gRPC call: its content type is `application/grpc` or
 /// `application/grpc+<codec>`.
@@ -76,37 +78,18 @@ where
         // A layer above drives the call: nothing to look up.
         return ResponseFuture::passthrough(inner.call(request));
     }
-    let matched = policies.matched(request.method(), request.uri().path());
-    let table = engine::TableFacts::of(policies);
-    if engine::nothing_applies(matched.map(|m| m.policy), &table) {
-        // Decided before the request's headers are read.
-        return ResponseFuture::passthrough(inner.call(request));
-    }
-    let facts = CallFacts {
-        method: request.method(),
-        grpc: is_grpc(&request),
-        headers: request.headers(),
-        // Seen above.
-        driven: false,
-        deadline: request
-            .extensions()
-            .get::<Deadline>()
-            .map(|deadline| deadline.at().into_std()),
-    };
     let read = || Instant::now().into_std();
-    let policy = matched.map(|m| handles.policy(m.policy));
-    let plan = engine::plan(policy, &table, &facts, &read);
-    let Plan::Drive(mut start) = plan else {
+    let (method, path) = (request.method(), request.uri().path());
+    let mut entrance = LayerEntrance {
+        handles,
+        policies,
+        request: &request,
+    };
+    let Some(Entered { start, route }) =
+        engine::enter(policies, method, path, &mut entrance, &read)
+    else {
         return ResponseFuture::passthrough(inner.call(request));
     };
-    start.rules.throttle = handles.throttle(policies, &request);
-    if start.has_policy
-        && let Some(throttle) = &start.rules.throttle
-    {
-        // A budget's deposit: calls without a policy make no retries to pay for.
-        throttle.on_call();
-    }
-    let route = matched.and_then(|m| m.route);
     // Named for what the call does, whichever layer drives it.
     let span = match start.rules.mode {
         Mode::Retry(_) | Mode::Single => tracing::debug_span!(
@@ -124,6 +107,38 @@ where
     // call; the call holds the shared spare and clones it only to send another attempt.
     let shared = LayerShared::get_or_make(&mut handles.shared, inner, policies);
     drive(inner, shared, request, start, route, span)
+}
+
+/// What a layer tells the engine of a call as it enters.
+struct LayerEntrance<'a, S, B> {
+    handles: &'a mut Handles<S>,
+    policies: &'a Policies,
+    request: &'a Request<B>,
+}
+
+impl<S, B> Entrance for LayerEntrance<'_, S, B> {
+    fn facts(&self) -> CallFacts<'_> {
+        let request = self.request;
+        CallFacts {
+            method: request.method(),
+            grpc: is_grpc(request),
+            headers: request.headers(),
+            // Seen before the call entered.
+            driven: false,
+            deadline: request
+                .extensions()
+                .get::<Deadline>()
+                .map(|deadline| deadline.at().into_std()),
+        }
+    }
+
+    fn policy(&mut self, policy: &MethodPolicy) -> MethodPolicy {
+        self.handles.policy(policy).clone()
+    }
+
+    fn throttle(&mut self) -> Option<ThrottleHandle> {
+        self.handles.throttle(self.policies, self.request)
+    }
 }
 
 /// Starts a call as `start` says: sends its first attempt on `inner` (the service that was

@@ -3,10 +3,10 @@
 //! Every rule of gRFC A6 that decides what a call does lives here once, for both layers: a
 //! retried call is a hedged call with one attempt in flight and no hedging delay. The engine
 //! owns no futures and does no IO. Its own rules read no clock and draw no random numbers:
-//! the driver passes [`Inputs`] (the time, read lazily, and a random generator). The
-//! layer-wide state it consults is the exception: a retry throttle or budget and an adaptive
-//! hedging delay keep windows over time across calls, so they read tokio's clock and draw
-//! from their own generator.
+//! the driver passes [`Inputs`] (the time, read lazily, and a random generator), and an
+//! adaptive hedging delay is given that time to read and to learn from. A retry throttle or
+//! budget is the exception: it keeps windows over time across calls, so it reads tokio's
+//! clock.
 //!
 //! ```text
 //! events in:   on_sent (attempt n went out with body reader r) | on_answer (attempt n, its
@@ -26,9 +26,12 @@
 //! dropped. The winner and the end of a call are decided here, nowhere else.
 //!
 //! What a call's rules are (its policy, the attempt cap, the idempotency gate, the deadline,
-//! and whether this layer drives it at all) is one pure function, [`plan`].
+//! and whether this layer drives it at all) is one pure function, [`plan`](rules::plan).
+//! Every driver enters a call through [`enter`]: the policy looked up, the plan, and the
+//! throttle's deposit.
 
 mod decide;
+mod entry;
 mod live;
 #[cfg(test)]
 mod model;
@@ -44,10 +47,11 @@ use crate::classify::{AttemptResult, Outcome};
 use crate::metadata::Attempts;
 use crate::stats::{CallCounts, Records};
 
+pub(crate) use self::entry::{Entered, Entrance, enter};
 use self::live::Live;
-pub(crate) use self::rules::{
-    BodyKind, CallFacts, Mode, Plan, Rules, Start, TableFacts, nothing_applies, plan,
-};
+pub(crate) use self::rules::{BodyKind, CallFacts, Mode, Rules, Start};
+#[cfg(test)]
+use self::rules::{Plan, TableFacts, nothing_applies, plan};
 
 /// One attempt of a call: the order it was sent in and the counted attempt it belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

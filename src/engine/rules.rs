@@ -201,14 +201,18 @@ pub(crate) struct Start {
 /// below sees the mark the driving layer puts on every attempt, and passes it through. So
 /// every call through any stack gets A6's treatment once.
 pub(crate) fn plan(
-    policy: Option<&MethodPolicy>,
+    policy: Option<MethodPolicy>,
     table: &TableFacts,
     call: &CallFacts<'_>,
     now: &dyn Fn() -> Instant,
 ) -> Plan {
-    if call.driven || nothing_applies(policy, table) {
+    if call.driven || nothing_applies(policy.as_ref(), table) {
         return Plan::Passthrough;
     }
+    let has_policy = matches!(
+        policy,
+        Some(MethodPolicy::Retry(_) | MethodPolicy::Hedge(_))
+    );
     let mut read = None;
     let mut now = || *read.get_or_insert_with(now);
     let repeatable = call.grpc || call.method.is_idempotent();
@@ -218,19 +222,18 @@ pub(crate) fn plan(
             let opted_in = policy.retry_non_idempotent
                 || (policy.retry_with_idempotency_key
                     && call.headers.contains_key("idempotency-key"));
-            let mode = Mode::Retry(Arc::clone(policy));
             let may_repeat = repeatable || opted_in;
-            let wait = policy.wait_for_ready;
-            (mode, policy.max_attempts, may_repeat, policy.timeout, wait)
+            let (max, timeout, wait) = (policy.max_attempts, policy.timeout, policy.wait_for_ready);
+            (Mode::Retry(policy), max, may_repeat, timeout, wait)
         }
         Some(MethodPolicy::Hedge(policy)) => {
-            let mode = Mode::Hedge(Arc::clone(policy), policy.delay.current_at(&mut now));
             let may_repeat = repeatable || policy.non_idempotent;
-            let wait = policy.wait_for_ready;
-            (mode, policy.max_attempts, may_repeat, policy.timeout, wait)
+            let (max, timeout, wait) = (policy.max_attempts, policy.timeout, policy.wait_for_ready);
+            let delay = policy.delay.current_at(&mut now);
+            (Mode::Hedge(policy, delay), max, may_repeat, timeout, wait)
         }
-        Some(MethodPolicy::Timeout(timeout)) => single(Some(*timeout), false),
-        Some(MethodPolicy::WaitForReady(timeout)) => single(*timeout, true),
+        Some(MethodPolicy::Timeout(timeout)) => single(Some(timeout), false),
+        Some(MethodPolicy::WaitForReady(timeout)) => single(timeout, true),
         None => single(None, false),
     };
     let track_backends =
@@ -252,10 +255,7 @@ pub(crate) fn plan(
         },
         deadline,
         deadline_from_header,
-        has_policy: matches!(
-            policy,
-            Some(MethodPolicy::Retry(_) | MethodPolicy::Hedge(_))
-        ),
+        has_policy,
         track_backends,
         first_sent_at,
     })

@@ -30,17 +30,11 @@ use super::message::{Messages, Unframe};
 use crate::body::ReplayBody;
 use crate::classify::AttemptResult;
 use crate::engine::{
-    Action, Admission, AttemptId, CommitBody, Dispatch, End, Engine, Inputs, Mode, Verdict,
+    Action, Admission, AttemptId, CommitBody, Dispatch, End, Engine, Entered, Inputs, Mode, Verdict,
 };
 use crate::grpc_timeout::GRPC_TIMEOUT;
 use crate::metadata::GRPC_PREVIOUS_RPC_ATTEMPTS;
 use crate::pushback::GRPC_RETRY_PUSHBACK_MS;
-
-/// The engine's start of a call, and the route its method took.
-pub(super) struct Start {
-    pub(super) start: crate::engine::Start,
-    pub(super) route: Option<usize>,
-}
 
 /// How a call went, for its receive stream: the first item of the attempt the call is
 /// committed to, the rest of that attempt's stream, and its task that sends the application's
@@ -154,11 +148,11 @@ where
         headers: RequestHeaders,
         options: CallOptions,
         body: ReplayBody<Messages>,
-        start: Start,
+        start: Entered,
         handles: Arc<Handles>,
     ) -> GrpcCall<I> {
         let first_reader = body.clone();
-        let Start { start, route } = start;
+        let Entered { start, route } = start;
         let hedged = matches!(start.rules.mode, Mode::Hedge(..));
         let engine = Engine::new(
             start.rules,

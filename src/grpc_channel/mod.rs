@@ -101,7 +101,7 @@ use tokio::sync::{mpsc, oneshot};
 use self::driver::{AbortOnDrop, Answer, GrpcCall};
 use self::message::{Messages, frame};
 use crate::body::ReplayBody;
-use crate::engine::{self, CallFacts, Plan};
+use crate::engine::{self, CallFacts, Entered, Entrance};
 use crate::policy::{Policies, ThrottleHandle};
 use crate::throttle::Padded;
 
@@ -196,7 +196,7 @@ where
         options: CallOptions,
         next: &'a I,
     ) -> (Self::SendStream, Self::RecvStream) {
-        let Some(start) = self.plan(&headers, &options) else {
+        let Some(start) = self.enter(&headers, &options) else {
             let (send, recv) = next.invoke(headers, options).await;
             return (
                 RetrySend(SendState::Direct(send)),
@@ -238,46 +238,56 @@ where
 }
 
 impl RetryInterceptor {
-    /// The engine's plan for a call: `None` when nothing of A6 applies and the call goes
+    /// The engine's entry of a call: `None` when nothing of A6 applies and the call goes
     /// straight to the channel.
-    fn plan(&self, headers: &RequestHeaders, options: &CallOptions) -> Option<driver::Start> {
-        let path = headers.method_name();
+    fn enter(&self, headers: &RequestHeaders, options: &CallOptions) -> Option<Entered> {
+        let read = || tokio::time::Instant::now().into_std();
+        let mut entrance = GrpcEntrance {
+            options,
+            throttle: &self.handles.throttle,
+            none: HeaderMap::new(),
+        };
         let policies = &self.handles.policies;
-        let matched = policies.matched(&Method::POST, path);
-        let mut table = engine::TableFacts::of(policies);
+        engine::enter(
+            policies,
+            &Method::POST,
+            headers.method_name(),
+            &mut entrance,
+            &read,
+        )
+    }
+}
+
+/// What the interceptor tells the engine of a call as it enters.
+struct GrpcEntrance<'a> {
+    options: &'a CallOptions,
+    throttle: &'a Option<ThrottleHandle>,
+    /// What the tower layers read from a request's headers (`grpc-timeout`,
+    /// `Idempotency-Key`) a `grpc` call carries in its options, or does not have.
+    none: HeaderMap,
+}
+
+impl Entrance for GrpcEntrance<'_> {
+    fn drive_without_policy(&self, _: bool) -> bool {
         // `grpc` 0.9 does not tell an attempt that never left, so transparent retries have
         // nothing to act on; and it enforces no deadline. So a call without a policy or a
         // throttle goes straight to the channel, unless it has a deadline for the engine to
         // keep.
-        table.drive_without_policy = options.deadline().is_some();
-        if engine::nothing_applies(matched.map(|m| m.policy), &table) {
-            return None;
-        }
-        // What the tower layers read from a request's headers (`grpc-timeout`,
-        // `Idempotency-Key`) a `grpc` call carries in its options, or does not have.
-        let none = HeaderMap::new();
-        let facts = CallFacts {
+        self.options.deadline().is_some()
+    }
+
+    fn facts(&self) -> CallFacts<'_> {
+        CallFacts {
             method: &Method::POST,
             grpc: true,
-            headers: &none,
+            headers: &self.none,
             driven: false,
-            deadline: options.deadline(),
-        };
-        let read = || tokio::time::Instant::now().into_std();
-        let Plan::Drive(mut start) = engine::plan(matched.map(|m| m.policy), &table, &facts, &read)
-        else {
-            return None;
-        };
-        start.rules.throttle = self.handles.throttle.clone();
-        if start.has_policy
-            && let Some(throttle) = &start.rules.throttle
-        {
-            throttle.on_call();
+            deadline: self.options.deadline(),
         }
-        Some(driver::Start {
-            start,
-            route: matched.and_then(|m| m.route),
-        })
+    }
+
+    fn throttle(&mut self) -> Option<ThrottleHandle> {
+        self.throttle.clone()
     }
 }
 
