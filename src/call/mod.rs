@@ -18,7 +18,7 @@ pub use self::future::ResponseFuture;
 pub(crate) use self::handles::Handles;
 use crate::body::{BufferLimits, Copies, Replay};
 use crate::engine::{
-    self, BodyKind, CallFacts, CommitBody, Dispatch, Engine, Entered, Entrance, Mode, Start,
+    self, BodyKind, CallFacts, CommitBody, Dispatch, Engine, Entrance, Mode, Start,
 };
 use crate::grpc_timeout;
 use crate::metadata::{AttemptInfo, Deadline, GRPC_PREVIOUS_RPC_ATTEMPTS_NAME, TriedBackends};
@@ -85,9 +85,7 @@ where
         policies,
         request: &request,
     };
-    let Some(Entered { start, route }) =
-        engine::enter(policies, method, path, &mut entrance, &read)
-    else {
+    let Some(start) = engine::enter(policies, method, path, &mut entrance, &read) else {
         return ResponseFuture::passthrough(inner.call(request));
     };
     // Named for what the call does, whichever layer drives it.
@@ -106,7 +104,7 @@ where
     // The ready service takes the first attempt and stays in the layer, warm for the next
     // call; the call holds the shared spare and clones it only to send another attempt.
     let shared = LayerShared::get_or_make(&mut handles.shared, inner, policies);
-    drive(inner, shared, request, start, route, span)
+    drive(inner, shared, request, start, span)
 }
 
 /// What a layer tells the engine of a call as it enters.
@@ -148,7 +146,6 @@ fn drive<S, B>(
     shared: Arc<LayerShared<S>>,
     mut request: Request<B>,
     start: Start,
-    route: Option<usize>,
     span: tracing::Span,
 ) -> ResponseFuture<S, B>
 where
@@ -184,7 +181,7 @@ where
                 reader,
                 start.first_sent_at,
             ),
-            route,
+            start.route,
             span,
         ),
     ))

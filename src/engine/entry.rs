@@ -30,12 +30,6 @@ pub(crate) trait Entrance {
     fn throttle(&mut self) -> Option<ThrottleHandle>;
 }
 
-/// A call the engine drives: its start, and the route it matched (for statistics).
-pub(crate) struct Entered {
-    pub(crate) start: Start,
-    pub(crate) route: Option<usize>,
-}
-
 /// Enters a call with `method` and `path` into `policies`: `None` when nothing of A6
 /// applies and the driver hands it on as it is. `now` is read only where a timeout or an
 /// adaptive hedging delay needs it.
@@ -45,7 +39,7 @@ pub(crate) fn enter(
     path: &str,
     entrance: &mut impl Entrance,
     now: &dyn Fn() -> Instant,
-) -> Option<Entered> {
+) -> Option<Start> {
     let matched = policies.matched(method, path);
     let mut table = TableFacts::of(policies);
     table.drive_without_policy = entrance.drive_without_policy(table.drive_without_policy);
@@ -64,8 +58,6 @@ pub(crate) fn enter(
         // A budget's deposit: calls without a policy make no retries to pay for.
         throttle.on_call();
     }
-    Some(Entered {
-        start,
-        route: matched.and_then(|m| m.route),
-    })
+    start.route = matched.and_then(|m| m.route);
+    Some(start)
 }

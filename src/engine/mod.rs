@@ -47,7 +47,7 @@ use crate::classify::{AttemptResult, Outcome};
 use crate::metadata::Attempts;
 use crate::stats::{CallCounts, Records};
 
-pub(crate) use self::entry::{Entered, Entrance, enter};
+pub(crate) use self::entry::{Entrance, enter};
 use self::live::Live;
 pub(crate) use self::rules::{BodyKind, CallFacts, Mode, Rules, Start};
 #[cfg(test)]

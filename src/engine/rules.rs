@@ -190,6 +190,8 @@ pub(crate) struct Start {
     /// When its first attempt goes, read only for an adaptive hedging delay, which learns
     /// from the latency of the attempt that answers.
     pub(crate) first_sent_at: Option<Instant>,
+    /// The route the call matched, for its statistics; the entry sets it.
+    pub(crate) route: Option<usize>,
 }
 
 /// The rules of a call: its method's `policy` (if any), what `table` says of every call,
@@ -258,6 +260,7 @@ pub(crate) fn plan(
         has_policy,
         track_backends,
         first_sent_at,
+        route: None,
     })
 }
 

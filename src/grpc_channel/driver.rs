@@ -30,7 +30,7 @@ use super::message::{Messages, Unframe};
 use crate::body::ReplayBody;
 use crate::classify::AttemptResult;
 use crate::engine::{
-    Action, Admission, AttemptId, CommitBody, Dispatch, End, Engine, Entered, Inputs, Mode, Verdict,
+    Action, Admission, AttemptId, CommitBody, Dispatch, End, Engine, Inputs, Mode, Start, Verdict,
 };
 use crate::grpc_timeout::GRPC_TIMEOUT;
 use crate::metadata::GRPC_PREVIOUS_RPC_ATTEMPTS;
@@ -148,11 +148,11 @@ where
         headers: RequestHeaders,
         options: CallOptions,
         body: ReplayBody<Messages>,
-        start: Entered,
+        start: Start,
         handles: Arc<Handles>,
     ) -> GrpcCall<I> {
         let first_reader = body.clone();
-        let Entered { start, route } = start;
+        let route = start.route;
         let hedged = matches!(start.rules.mode, Mode::Hedge(..));
         let engine = Engine::new(
             start.rules,

@@ -101,7 +101,7 @@ use tokio::sync::{mpsc, oneshot};
 use self::driver::{AbortOnDrop, Answer, GrpcCall};
 use self::message::{Messages, frame};
 use crate::body::ReplayBody;
-use crate::engine::{self, CallFacts, Entered, Entrance};
+use crate::engine::{self, CallFacts, Entrance, Start};
 use crate::policy::{Policies, ThrottleHandle};
 use crate::throttle::Padded;
 
@@ -240,7 +240,7 @@ where
 impl RetryInterceptor {
     /// The engine's entry of a call: `None` when nothing of A6 applies and the call goes
     /// straight to the channel.
-    fn enter(&self, headers: &RequestHeaders, options: &CallOptions) -> Option<Entered> {
+    fn enter(&self, headers: &RequestHeaders, options: &CallOptions) -> Option<Start> {
         let read = || tokio::time::Instant::now().into_std();
         let mut entrance = GrpcEntrance {
             options,

@@ -232,7 +232,7 @@ fn a_call_enters_by_lookup_then_plan_then_the_throttle_s_deposit() {
     // A call with a policy: driven by it, with the throttle, and one deposit.
     let mut entrance = TestEntrance::new(throttle.clone());
     let entered = enter(&policies, &post, "/pkg.Svc/Retried", &mut entrance, &never);
-    let start = entered.expect("a call with a policy is driven").start;
+    let start = entered.expect("a call with a policy is driven");
     assert!(matches!(start.rules.mode, Mode::Retry(_)));
     assert_eq!(start.rules.max_attempts, 2);
     assert!(start.rules.throttle.is_some());
@@ -248,7 +248,7 @@ fn a_call_enters_by_lookup_then_plan_then_the_throttle_s_deposit() {
     let mut entrance = TestEntrance::new(throttle);
     entrance.without_policy = Some(true);
     let entered = enter(&policies, &post, "/pkg.Svc/Other", &mut entrance, &never);
-    let start = entered.expect("driven without a policy").start;
+    let start = entered.expect("driven without a policy");
     assert!(matches!(start.rules.mode, Mode::Single));
     assert_eq!(deposits.0.load(std::sync::atomic::Ordering::SeqCst), 1);
 }
