@@ -76,6 +76,8 @@ impl Classify for GrpcCodes {
                 Some(outcome) => return outcome,
                 None => (Code::Unavailable, None),
             },
+            AttemptResult::Status { code: Code::Ok, .. } => return Outcome::Success,
+            AttemptResult::Status { code, pushback } => (code, pushback),
         };
         if self.contains(code) {
             Outcome::Retryable(pushback)
@@ -138,6 +140,23 @@ mod tests {
             classify(codes, &trailers_only("3", Some("-1"))),
             Outcome::Fatal(Some(Pushback::Stop))
         );
+    }
+
+    /// A status given without headers reads as the same status in a Trailers-Only response.
+    #[test]
+    fn a_status_without_headers_reads_as_its_trailers_only_response() {
+        let codes = GrpcCodes::from([Code::Unavailable]);
+        let pushback = Some(Pushback::After(Duration::from_millis(250)));
+        for (code, pushback, header, header_pushback) in [
+            (Code::Ok, None, "0", None),
+            (Code::Unavailable, None, "14", None),
+            (Code::Unavailable, pushback, "14", Some("250")),
+            (Code::Internal, Some(Pushback::Stop), "13", Some("-1")),
+        ] {
+            let status = codes.classify(AttemptResult::Status { code, pushback });
+            let response = classify(codes, &trailers_only(header, header_pushback));
+            assert_eq!(status, response, "{code:?}");
+        }
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use http::{HeaderMap, HeaderName, StatusCode, header::RETRY_AFTER};
 use rand::Rng;
 
-use super::{AttemptResult, Classify, Outcome, transport_outcome};
+use super::{AttemptResult, Classify, Code, Outcome, transport_outcome};
 use crate::pushback::{Pushback, retry_after};
 
 /// Retryable HTTP statuses, with `Retry-After` read as pushback.
@@ -253,7 +253,29 @@ impl Classify for HttpStatuses {
             AttemptResult::Error(error) => {
                 transport_outcome(error).unwrap_or(Outcome::Retryable(None))
             }
+            // Read as the HTTP status that gRPC's mapping gives the code.
+            AttemptResult::Status { code, pushback } => {
+                if self.retryable.contains(&http_status_of(code)) {
+                    Outcome::Retryable(pushback)
+                } else {
+                    Outcome::Success
+                }
+            }
         }
+    }
+}
+
+/// The HTTP status of a gRPC code, as gRPC's HTTP mapping (`grpc_status`) reads them back:
+/// `UNAVAILABLE` is a 503, `RESOURCE_EXHAUSTED` a 429, and any other failure a 500.
+fn http_status_of(code: Code) -> StatusCode {
+    match code {
+        Code::Ok => StatusCode::OK,
+        Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
+        Code::Unimplemented => StatusCode::NOT_FOUND,
+        Code::Unauthenticated => StatusCode::UNAUTHORIZED,
+        Code::PermissionDenied => StatusCode::FORBIDDEN,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
 
@@ -377,6 +399,38 @@ mod tests {
             classify(&c, 503, Some("4")),
             Outcome::Retryable(Some(Pushback::After(Duration::from_secs(4))))
         );
+    }
+
+    /// A gRPC status reads as the HTTP status gRPC's mapping gives it.
+    #[test]
+    fn a_grpc_status_reads_as_its_http_status() {
+        let statuses = HttpStatuses::default();
+        let status = |code| {
+            statuses.classify(AttemptResult::Status {
+                code,
+                pushback: None,
+            })
+        };
+        assert_eq!(status(Code::Ok), Outcome::Success);
+        assert_eq!(status(Code::Unavailable), Outcome::Retryable(None));
+        assert_eq!(status(Code::InvalidArgument), Outcome::Success);
+        for code in (0..17).filter_map(Code::from_i32) {
+            let mapped = crate::classify::grpc_status(http_status_of(code), &HeaderMap::new());
+            assert_eq!(mapped.unwrap_or(Code::Ok), code_read_back(code), "{code:?}");
+        }
+    }
+
+    /// What gRPC's HTTP mapping reads back from the status `http_status_of` gives.
+    fn code_read_back(code: Code) -> Code {
+        match code {
+            Code::Ok
+            | Code::Unavailable
+            | Code::Unimplemented
+            | Code::Unauthenticated
+            | Code::PermissionDenied => code,
+            Code::ResourceExhausted => Code::Unavailable,
+            _ => Code::Unknown,
+        }
     }
 
     #[test]

@@ -91,7 +91,11 @@ pub use self::retry_info::{WithRetryInfo, retry_info_from_headers};
 use crate::pushback::Pushback;
 
 /// What one attempt produced, as a classifier sees it.
+///
+/// More kinds of result may come: a classifier matches the ones it knows and gives the rest
+/// an outcome of its own (`_ =>`).
 #[derive(Clone, Copy)]
+#[non_exhaustive]
 pub enum AttemptResult<'a> {
     /// The service answered with a response.
     Response {
@@ -103,6 +107,15 @@ pub enum AttemptResult<'a> {
     },
     /// The service failed; the error is passed as it is so that it can be downcast.
     Error(&'a (dyn Error + Send + Sync + 'static)),
+    /// A gRPC call ended with a status and no HTTP response to read it from: a
+    /// Trailers-Only answer through the `grpc` crate's interceptor, or an attempt that never
+    /// reached the server's application, which A6 counts as `UNAVAILABLE`.
+    Status {
+        /// The status code.
+        code: Code,
+        /// The server's pushback (`grpc-retry-pushback-ms`), if it sent any.
+        pushback: Option<Pushback>,
+    },
 }
 
 impl fmt::Debug for AttemptResult<'_> {
@@ -114,6 +127,11 @@ impl fmt::Debug for AttemptResult<'_> {
             AttemptResult::Error(error) => {
                 f.debug_tuple("Error").field(&error.to_string()).finish()
             }
+            AttemptResult::Status { code, pushback } => f
+                .debug_struct("Status")
+                .field("code", code)
+                .field("pushback", pushback)
+                .finish(),
         }
     }
 }

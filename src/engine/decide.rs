@@ -2,11 +2,11 @@
 
 use std::time::{Duration, Instant};
 
-use http::{HeaderMap, HeaderValue, StatusCode};
+use http::{HeaderMap, StatusCode};
 
 use super::{AttemptId, CommitBody, Dispatch, Engine, Inputs, Mode, Pending, Verdict, after};
 use crate::backoff::Step;
-use crate::classify::{AttemptResult, Outcome};
+use crate::classify::{AttemptResult, Code, Outcome};
 use crate::policy::{RetryContext, RetryDecision};
 use crate::pushback::Pushback;
 
@@ -134,19 +134,19 @@ impl Engine {
 
     /// How the policy's classifier sees an attempt that did not reach the server's
     /// application (a second refused stream, or no connection without wait-for-ready): as
-    /// `UNAVAILABLE` for gRPC (a Trailers-Only response with `grpc-status: 14`), as a 503 for
-    /// HTTP.
+    /// `UNAVAILABLE` for gRPC, as a 503 for HTTP.
     fn unavailable_as_the_policy_sees_it(&self) -> Outcome {
-        let mut headers = HeaderMap::new();
-        let status = if self.rules.grpc {
-            headers.insert("grpc-status", HeaderValue::from_static("14"));
-            StatusCode::OK
+        let headers = HeaderMap::new();
+        let result = if self.rules.grpc {
+            AttemptResult::Status {
+                code: Code::Unavailable,
+                pushback: None,
+            }
         } else {
-            StatusCode::SERVICE_UNAVAILABLE
-        };
-        let result = AttemptResult::Response {
-            status,
-            headers: &headers,
+            AttemptResult::Response {
+                status: StatusCode::SERVICE_UNAVAILABLE,
+                headers: &headers,
+            }
         };
         self.rules.classifier().classify(result)
     }

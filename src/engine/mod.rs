@@ -865,8 +865,9 @@ impl Engine {
         let verdict = self.answer(attempt, in_flight.reader, outcome, result, body, inputs);
         if verdict == Verdict::Return {
             // An answer from the server is a latency; a transport error is not.
-            if let (Some(delay), Some(sent_at), AttemptResult::Response { .. }) =
-                (self.adaptive_delay(), in_flight.sent_at, result)
+            let from_server = !matches!(result, AttemptResult::Error(_));
+            if let (true, Some(delay), Some(sent_at)) =
+                (from_server, self.adaptive_delay(), in_flight.sent_at)
             {
                 let now = inputs.now();
                 delay.record_at(now, now.saturating_duration_since(sent_at));

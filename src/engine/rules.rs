@@ -117,6 +117,8 @@ impl Classify for NoPolicy {
             AttemptResult::Error(error) => {
                 crate::classify::transport_outcome(error).unwrap_or(Outcome::Fatal(None))
             }
+            AttemptResult::Status { code: Code::Ok, .. } => Outcome::Success,
+            AttemptResult::Status { .. } => Outcome::Fatal(None),
         }
     }
 }

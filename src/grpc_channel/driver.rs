@@ -16,7 +16,7 @@ use ::grpc::core::{RecvMessage, RequestHeaders, SendMessage, Trailers};
 use ::grpc::metadata::MetadataValue;
 use ::grpc::{StatusCodeError, StatusError};
 use bytes::{Buf, Bytes};
-use http::{HeaderMap, HeaderValue, StatusCode};
+use http::{HeaderMap, StatusCode};
 use http_body_util::BodyExt;
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
@@ -28,13 +28,13 @@ use tracing::Instrument;
 use super::Handles;
 use super::message::{Messages, Unframe};
 use crate::body::ReplayBody;
-use crate::classify::AttemptResult;
+use crate::classify::{AttemptResult, Code};
 use crate::engine::{
     Action, Admission, AttemptId, CommitBody, Dispatch, End, Engine, Inputs, Mode, Start, Verdict,
 };
 use crate::grpc_timeout::GRPC_TIMEOUT;
 use crate::metadata::GRPC_PREVIOUS_RPC_ATTEMPTS;
-use crate::pushback::GRPC_RETRY_PUSHBACK_MS;
+use crate::pushback::{GRPC_RETRY_PUSHBACK_MS, Pushback};
 
 /// How a call went, for its receive stream: the first item of the attempt the call is
 /// committed to, the rest of that attempt's stream, and its task that sends the application's
@@ -369,15 +369,19 @@ where
         answered: Answer<I::RecvStream>,
         inputs: &mut Inputs<'_>,
     ) -> Option<Answer<I::RecvStream>> {
-        // An answer of the server is a response, as for the layers' driver; a stream that
-        // broke is a transport error, as the layers' are (classified UNAVAILABLE for gRPC).
-        let headers = answer_headers(&answered.first);
-        let view = match &headers {
-            Some(headers) => AttemptResult::Response {
+        let headers = HeaderMap::new();
+        let view = match &answered.first {
+            // A response has begun: the call commits to it.
+            ResponseStreamItem::Headers(_) => AttemptResult::Response {
                 status: StatusCode::OK,
-                headers,
+                headers: &headers,
             },
-            None => AttemptResult::Error(&StreamBroke),
+            ResponseStreamItem::Trailers(trailers) => status_of(trailers),
+            // Out of gRPC's order, or a stream that closed with no status: the call broke, a
+            // transport error as the layers' are (classified UNAVAILABLE for gRPC).
+            ResponseStreamItem::Message | ResponseStreamItem::StreamClosed => {
+                AttemptResult::Error(&StreamBroke)
+            }
         };
         let (verdict, _) = self.engine.on_answer(id, view, &self.body, inputs);
         self.report();
@@ -475,32 +479,19 @@ enum Event<R> {
     Abandoned,
 }
 
-/// The headers the engine classifies an attempt's first item by: none for response headers
-/// (a response has begun: the call commits to it), or the status of a Trailers-Only answer
-/// with the pushback that came with it; `None` for a stream that broke.
-fn answer_headers(first: &ResponseStreamItem) -> Option<HeaderMap> {
-    let mut headers = HeaderMap::new();
-    let trailers = match first {
-        ResponseStreamItem::Headers(_) => return Some(headers),
-        ResponseStreamItem::Trailers(trailers) => trailers,
-        // Out of gRPC's order, or a stream that closed with no status: the call broke.
-        ResponseStreamItem::Message | ResponseStreamItem::StreamClosed => return None,
-    };
+/// The status of a Trailers-Only answer, with the pushback that came with it. `grpc` 0.9
+/// keeps binary metadata encoded out of reach, so `google.rpc.RetryInfo`
+/// (`grpc-status-details-bin`) is not read here; `grpc-retry-pushback-ms` is.
+fn status_of(trailers: &Trailers) -> AttemptResult<'static> {
     let code = match trailers.status() {
-        Ok(()) => 0,
-        Err(error) => error.code() as i32,
+        Ok(()) => Code::Ok,
+        Err(error) => Code::from_i32(error.code() as i32).unwrap_or(Code::Unknown),
     };
-    headers.insert("grpc-status", HeaderValue::from(code));
-    // `grpc` 0.9 keeps binary metadata encoded out of reach, so `google.rpc.RetryInfo`
-    // (`grpc-status-details-bin`) is not read here; `grpc-retry-pushback-ms` is.
-    if let Some(value) = trailers
+    let pushback = trailers
         .metadata()
         .get(GRPC_RETRY_PUSHBACK_MS)
-        .and_then(|value| HeaderValue::from_bytes(value.as_bytes()).ok())
-    {
-        headers.insert(GRPC_RETRY_PUSHBACK_MS, value);
-    }
-    Some(headers)
+        .map(|value| Pushback::parse(value.as_bytes()));
+    AttemptResult::Status { code, pushback }
 }
 
 /// An attempt's response stream broke before it gave headers or a status.

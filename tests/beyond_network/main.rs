@@ -758,7 +758,7 @@ async fn on_retry_hook_sees_the_response_and_its_pushback_and_can_veto() {
                         .and_then(|v| v.to_str().ok())
                         .map(str::to_owned),
                 )),
-                AttemptResult::Error(_) => None,
+                _ => None,
             };
             log.lock().unwrap_or_else(PoisonError::into_inner).push((
                 ctx.attempts,

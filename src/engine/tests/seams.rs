@@ -417,6 +417,20 @@ fn the_engine_feeds_an_adaptive_delay_the_latency_of_the_answer_it_returns() {
     assert_eq!(verdict, Verdict::Return);
     assert_eq!(sample_of(&delay), Duration::from_micros(30_720));
 
+    // A gRPC status given without headers is the server's answer too.
+    let delay = adaptive();
+    let mut engine = Engine::new(hedged(&delay), None, BodyKind::Clones, 1, Some(start));
+    let verdict = at(start + ms(40), |inputs| {
+        let result = AttemptResult::Status {
+            code: Code::Internal,
+            pushback: None,
+        };
+        let fatal = Outcome::Fatal(None);
+        engine.on_outcome(AttemptId::FIRST, fatal, result, &Unrecorded, inputs)
+    });
+    assert_eq!(verdict, Verdict::Return);
+    assert_eq!(sample_of(&delay), Duration::from_micros(40_960));
+
     // A transport error that ends the call is no sample (the fallback stays), and neither is
     // a failure the call keeps.
     let delay = adaptive();
