@@ -17,11 +17,11 @@ use super::marks::{finish, no_result};
 use super::{Call, LayerShared, LazyRng};
 use crate::body::Replay;
 use crate::classify::AttemptResult;
-use crate::engine::{Action, Admission, AttemptId, Dispatch, End, Engine, Inputs, Verdict};
+use crate::engine::{Action, Admission, AttemptId, Books, Dispatch, End, Engine, Inputs, Verdict};
 use crate::error::BoxError;
 use crate::error::{attempt_timed_out, deadline_exceeded};
 use crate::resets::Stop;
-use crate::stats::MethodStats;
+
 use crate::telemetry::{AttemptFields, AttemptSpans};
 
 pin_project! {
@@ -57,7 +57,13 @@ pin_project! {
                 this.state.shared.policies.stream_resets().count_resets(in_flight);
             }
             #[cfg(feature = "opentelemetry")]
-            record_metrics(this.state);
+            {
+                let state = &**this.state;
+                let labels = |route: Option<&Arc<str>>, grpc, custom| {
+                    state.call.labels(grpc, route, custom)
+                };
+                state.engine.close(state.books(), labels);
+            }
         }
     }
 }
@@ -82,22 +88,23 @@ where
     S: Service<Request<B>>,
     B: Replay,
 {
-    /// The statistics of the call's route or method, looked up when a retry is counted.
-    fn method_stats(&self) -> Arc<MethodStats> {
-        let policies = &self.shared.policies;
-        let key = match self.route {
-            Some(route) => policies.route_name(route),
-            None => self.call.path(),
-        };
-        policies.stats().method(key)
+    /// Where the call's books go.
+    fn books(&self) -> Books<'_> {
+        Books {
+            policies: &self.shared.policies,
+            route: self.route,
+            path: self.call.path(),
+        }
     }
 
-    /// Adds what the engine recorded for the statistics to the method's. A call of one
-    /// attempt has nothing to add, and looks nothing up.
+    /// Posts what the engine recorded to the call's books.
     fn report(&mut self) {
-        if let Some(records) = self.engine.take_records() {
-            self.method_stats().add(&records);
-        }
+        let books = Books {
+            policies: &self.shared.policies,
+            route: self.route,
+            path: self.call.path(),
+        };
+        self.engine.post(books);
     }
 
     /// Drops an answer the call does not return (a failure kept before a later one, an
@@ -129,7 +136,7 @@ where
         if stop == Stop::Reset {
             return;
         }
-        let stats = self.method_stats();
+        let stats = self.books().method_stats();
         stats.record_stop(stop);
         if let (Stop::Finish, Some(future)) = (stop, future) {
             tracing::debug!(attempt = id.send, "attempt let finish");
@@ -152,27 +159,6 @@ where
                 last: None,
             })
         })
-    }
-}
-
-/// Records what a call did in the table's metrics. A call of one attempt records nothing:
-/// the success path stops at the first test.
-#[cfg(feature = "opentelemetry")]
-fn record_metrics<S, B>(state: &CallExtras<S, B>)
-where
-    S: Service<Request<B>>,
-    B: Replay,
-{
-    if let Some(counts) = state.engine.extra()
-        && let Some(metrics) = state.shared.policies.metrics()
-    {
-        let route = state
-            .route
-            .map(|route| state.shared.policies.route_name(route));
-        let labels = state
-            .call
-            .labels(state.engine.grpc(), route, metrics.records_custom_label());
-        metrics.record(&counts, &labels);
     }
 }
 
@@ -574,7 +560,10 @@ where
             .guard_of(error)
             .is_some()
         {
-            this.state.method_stats().record_reset_guard_failure();
+            this.state
+                .books()
+                .method_stats()
+                .record_reset_guard_failure();
         }
     }
     let view = match &result {

@@ -30,6 +30,7 @@
 //! Every driver enters a call through [`enter`]: the policy looked up, the plan, and the
 //! throttle's deposit.
 
+mod books;
 mod decide;
 mod entry;
 mod live;
@@ -47,6 +48,7 @@ use crate::classify::{AttemptResult, Outcome};
 use crate::metadata::Attempts;
 use crate::stats::{CallCounts, Records};
 
+pub(crate) use self::books::Books;
 pub(crate) use self::entry::{Entrance, enter};
 use self::live::Live;
 pub(crate) use self::rules::{BodyKind, CallFacts, Mode, Rules, Start};
@@ -351,7 +353,7 @@ impl Engine {
 
     /// What the call did beyond its first attempt; `None` for a call of one attempt.
     #[cfg_attr(not(feature = "opentelemetry"), allow(dead_code))]
-    pub(crate) fn extra(&self) -> Option<CallCounts> {
+    fn extra(&self) -> Option<CallCounts> {
         let retry_state = self.retry_state.as_deref();
         let over_budget = retry_state.map_or(0, |t| t.hedges_over_budget);
         if self.sent <= 1 && over_budget == 0 {
@@ -370,7 +372,7 @@ impl Engine {
     /// What the call did for the statistics since the last call: retries sent, retries
     /// failed (A6 counts "retry attempts which failed", hedges after the first included) and
     /// hedges over budget. `None` when nothing: a call of one attempt never has any.
-    pub(crate) fn take_records(&mut self) -> Option<Records> {
+    fn take_records(&mut self) -> Option<Records> {
         let retry_state = self.retry_state.as_mut()?;
         if retry_state.records.is_empty() {
             return None;

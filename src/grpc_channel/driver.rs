@@ -30,7 +30,8 @@ use super::message::{Messages, Unframe};
 use crate::body::ReplayBody;
 use crate::classify::{AttemptResult, Code};
 use crate::engine::{
-    Action, Admission, AttemptId, CommitBody, Dispatch, End, Engine, Inputs, Mode, Start, Verdict,
+    Action, Admission, AttemptId, Books, CommitBody, Dispatch, End, Engine, Inputs, Mode, Start,
+    Verdict,
 };
 use crate::grpc_timeout::GRPC_TIMEOUT;
 use crate::metadata::GRPC_PREVIOUS_RPC_ATTEMPTS;
@@ -431,21 +432,14 @@ where
         answered
     }
 
-    /// Adds what the engine recorded for the statistics to the method's, as the layers'
-    /// driver does.
+    /// Posts what the engine recorded to the call's books, as the layers' driver does.
     fn report(&mut self) {
-        if let Some(records) = self.engine.take_records() {
-            self.method_stats().add(&records);
-        }
-    }
-
-    /// The statistics of the call's route or method.
-    fn method_stats(&self) -> Arc<crate::stats::MethodStats> {
-        let key = match self.route {
-            Some(route) => self.handles.policies.route_name(route),
-            None => self.headers.method_name().as_str(),
+        let books = Books {
+            policies: &self.handles.policies,
+            route: self.route,
+            path: self.headers.method_name(),
         };
-        self.handles.policies.stats().method(key)
+        self.engine.post(books);
     }
 }
 
@@ -454,16 +448,16 @@ where
 impl<I: Invoke> Drop for GrpcCall<I> {
     #[cfg(feature = "opentelemetry")]
     fn drop(&mut self) {
-        if let Some(counts) = self.engine.extra()
-            && let Some(metrics) = self.handles.policies.metrics()
-        {
-            let route = self
-                .route
-                .map(|route| self.handles.policies.route_name(route));
-            let labels =
-                crate::metrics::Labels::of(self.headers.method_name(), true, None, route, None);
-            metrics.record(&counts, &labels);
-        }
+        let path = self.headers.method_name();
+        let books = Books {
+            policies: &self.handles.policies,
+            route: self.route,
+            path,
+        };
+        let labels = |route: Option<&Arc<str>>, grpc, _| {
+            crate::metrics::Labels::of(path, grpc, None, route, None)
+        };
+        self.engine.close(books, labels);
     }
 
     #[cfg(not(feature = "opentelemetry"))]
