@@ -416,3 +416,154 @@ async fn a_deadline_holds_for_a_method_without_a_policy() {
     assert_eq!(channel.log().started.len(), 1);
     assert_eq!(channel.log().dropped, [0]);
 }
+
+/// The same script through the tower layer: each attempt answers as `answers` says, as a
+/// gRPC-over-HTTP/2 response (a Trailers-Only failure, or headers that begin an OK answer).
+#[derive(Clone)]
+struct ScriptedService(Arc<Mutex<VecDeque<Answer>>>);
+
+impl tower::Service<http::Request<http_body_util::Full<bytes::Bytes>>> for ScriptedService {
+    type Response = http::Response<http_body_util::Full<bytes::Bytes>>;
+    type Error = std::convert::Infallible;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<Self::Response, Self::Error>> + Send>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: http::Request<http_body_util::Full<bytes::Bytes>>) -> Self::Future {
+        let answer = self
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop_front()
+            .unwrap_or(Answer::Ok);
+        Box::pin(async move {
+            let failed = |code: StatusCodeError| {
+                http::Response::builder()
+                    .header("content-type", "application/grpc")
+                    .header("grpc-status", (code as i32).to_string())
+                    .body(http_body_util::Full::default())
+                    .expect("a valid response")
+            };
+            Ok(match answer {
+                Answer::Hang => std::future::pending().await,
+                Answer::FailAfter(after, code) => {
+                    tokio::time::sleep(after).await;
+                    failed(code)
+                }
+                Answer::Fail(code, pushback) => {
+                    let mut response = failed(code);
+                    if let Some(pushback) = pushback {
+                        let value = http::HeaderValue::from_static(pushback);
+                        response
+                            .headers_mut()
+                            .insert("grpc-retry-pushback-ms", value);
+                    }
+                    response
+                }
+                Answer::Ok => http::Response::builder()
+                    .header("content-type", "application/grpc")
+                    .body(http_body_util::Full::new(bytes::Bytes::from_static(b"m")))
+                    .expect("a valid response"),
+            })
+        })
+    }
+}
+
+/// Item 6 of the engine's books: a call gives the same attempt count and statistics
+/// whichever driver runs it, since both post what the engine recorded.
+#[tokio::test(start_paused = true)]
+async fn both_drivers_keep_the_same_books_of_the_same_calls() {
+    use tower::{Layer as _, ServiceExt as _};
+    use tower_retry_hedge::RetryLayer;
+
+    let unavailable = StatusCodeError::Unavailable;
+    let scripts: [(&str, Vec<Answer>, ServiceConfig); 3] = [
+        (
+            "two retries, then OK",
+            vec![
+                Answer::Fail(unavailable, None),
+                Answer::Fail(unavailable, None),
+            ],
+            config(
+                r#""retryPolicy": {"maxAttempts": 4, "initialBackoff": "0.01s", "maxBackoff": "0.01s", "backoffMultiplier": 1, "retryableStatusCodes": ["UNAVAILABLE"]}"#,
+            ),
+        ),
+        (
+            "retries run out",
+            vec![Answer::Fail(unavailable, Some("20")); 3],
+            config(
+                r#""retryPolicy": {"maxAttempts": 3, "initialBackoff": "0.01s", "maxBackoff": "0.01s", "backoffMultiplier": 1, "retryableStatusCodes": ["UNAVAILABLE"]}"#,
+            ),
+        ),
+        (
+            "the third hedge wins, the first fails late",
+            vec![
+                Answer::FailAfter(Duration::from_millis(25), unavailable),
+                Answer::Hang,
+                Answer::Ok,
+            ],
+            config(
+                r#""hedgingPolicy": {"maxAttempts": 3, "hedgingDelay": "0.01s", "nonFatalStatusCodes": ["UNAVAILABLE"]}"#,
+            ),
+        ),
+    ];
+    for (name, answers, config) in scripts {
+        // Through the `grpc` interceptor.
+        let grpc_policies = config.policies();
+        let channel = Scripted::new(answers.clone());
+        let invoker = channel
+            .clone()
+            .with_interceptor(RetryInterceptor::new(grpc_policies.clone()));
+        let seen = unary(&invoker, CallOptions::new()).await;
+        let grpc_attempts = channel.log().started.len();
+        let grpc_previous = seen.previous_attempts();
+
+        // Through the tower layer.
+        let tower_policies = config.policies();
+        let service = RetryLayer::new(tower_policies.clone())
+            .layer(ScriptedService(Arc::new(Mutex::new(answers.into()))));
+        let request = http::Request::post(format!("http://localhost{METHOD}"))
+            .header("content-type", "application/grpc")
+            .body(http_body_util::Full::new(bytes::Bytes::from_static(b"m")))
+            .expect("a valid request");
+        let response = service.oneshot(request).await.expect("infallible");
+        let tower_previous = response
+            .headers()
+            .get("grpc-previous-rpc-attempts")
+            .map(|v| v.to_str().expect("ascii").to_owned());
+        let tower_attempts = response
+            .extensions()
+            .get::<tower_retry_hedge::metadata::Attempts>()
+            .map_or(1, |a| a.counted() as usize);
+
+        assert_eq!(grpc_attempts, tower_attempts, "{name}: attempts");
+        assert_eq!(
+            grpc_previous, tower_previous,
+            "{name}: grpc-previous-rpc-attempts"
+        );
+        let books = |policies: &Policies| policies.stats().snapshot().methods;
+        assert_eq!(
+            format!("{:?}", books(&grpc_policies)),
+            format!("{:?}", books(&tower_policies)),
+            "{name}: statistics"
+        );
+        assert!(
+            !books(&grpc_policies).is_empty(),
+            "{name}: the calls were counted"
+        );
+    }
+}
+
+/// A service config naming the echo service with `policy`.
+fn config(policy: &str) -> ServiceConfig {
+    let json =
+        format!(r#"{{"methodConfig": [{{"name": [{{"service": "test.echo.Echo"}}], {policy}}}]}}"#);
+    json.parse().expect("valid service config")
+}
