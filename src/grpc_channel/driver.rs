@@ -38,21 +38,24 @@ use crate::metadata::GRPC_PREVIOUS_RPC_ATTEMPTS;
 use crate::pushback::{GRPC_RETRY_PUSHBACK_MS, Pushback};
 
 /// How a call went, for its receive stream: the first item of the attempt the call is
-/// committed to, the rest of that attempt's stream, and its task that sends the application's
-/// messages; or only trailers, for a call that ended with no attempt to read from (its
-/// deadline passed, or its last attempt timed out).
+/// committed to, the rest of that attempt's stream, and its sender of the application's
+/// messages (which the call's task goes on polling); or only trailers, for a call that ended
+/// with no attempt to read from (its deadline passed, or its last attempt timed out).
 pub(super) struct Answer<R> {
     pub(super) first: ResponseStreamItem,
     pub(super) recv: Option<R>,
-    /// Aborted with the answer: a sender never outlives the attempt it sends to.
-    pub(super) sender: Option<AbortOnDrop>,
+    /// Dropped with the answer: a sender never outlives the attempt it sends to.
+    sender: Option<Sender>,
     /// The call's deadline, which still holds while the application reads the stream.
     pub(super) deadline: Option<std::time::Instant>,
 }
 
+/// An attempt's sender of the application's messages, polled by the call's task.
+type Sender = Pin<Box<dyn Future<Output = ()> + Send>>;
+
 impl<R> Answer<R> {
     /// An answer made by the interceptor, with nothing more to read.
-    fn ended(trailers: Trailers) -> Answer<R> {
+    pub(super) fn ended(trailers: Trailers) -> Answer<R> {
         Answer {
             first: ResponseStreamItem::Trailers(trailers),
             recv: None,
@@ -97,7 +100,7 @@ impl RecvMessage for NoMessage {
 }
 
 /// An attempt in flight: its future ends with its first item. Dropping it cancels the RPC
-/// (its receive stream) and its sender task.
+/// (its receive stream) and its sender.
 struct Attempt<R> {
     id: AttemptId,
     future: Pin<Box<dyn Future<Output = Answer<R>> + Send>>,
@@ -223,7 +226,15 @@ where
                     }
                 }
             };
-            let _ = decided.send(decision);
+            // The answer goes to the application; its sender goes on here, so that one task
+            // does the call's work until the application drops its receive stream.
+            let mut decision = decision;
+            let sender = decision.sender.take();
+            if decided.send(decision).is_ok()
+                && let Some(sender) = sender
+            {
+                sender.await;
+            }
         }
         .instrument(span)
         .await
@@ -315,13 +326,27 @@ where
         let invoker = self.invoker.clone();
         let future = async move {
             let (send, mut recv) = invoker.invoke(headers, options).await;
-            // The sender goes with the attempt: dropping either stops it.
-            let sender = AbortOnDrop(tokio::spawn(send_messages(send, reader)));
-            let first = recv.recv(&mut NoMessage).await;
+            // The sender goes with the attempt, polled beside its receive stream on the
+            // call's task: dropping the attempt stops both.
+            let mut sender: Option<Sender> = Some(Box::pin(send_messages(send, reader)));
+            let first = {
+                let mut no_message = NoMessage;
+                let mut first = std::pin::pin!(recv.recv(&mut no_message));
+                poll_fn(|cx| {
+                    if sender
+                        .as_mut()
+                        .is_some_and(|sender| sender.as_mut().poll(cx).is_ready())
+                    {
+                        sender = None;
+                    }
+                    first.as_mut().poll(cx)
+                })
+                .await
+            };
             Answer {
                 first,
                 recv: Some(recv),
-                sender: Some(sender),
+                sender,
                 deadline: None,
             }
         };

@@ -231,7 +231,7 @@ where
             RetrySend(SendState::Recorded(Some(sender))),
             RetryRecv(RecvState::Waiting {
                 decision,
-                _task: AbortOnDrop(task),
+                task: Some(AbortOnDrop(task)),
             }),
         )
     }
@@ -365,8 +365,8 @@ enum RecvState<R> {
     Waiting {
         /// Where the call's task says how the call went.
         decision: oneshot::Receiver<Answer<R>>,
-        /// The call's task, aborted with this stream.
-        _task: AbortOnDrop,
+        /// The call's task, aborted with this stream (taken by `Answered`).
+        task: Option<AbortOnDrop>,
     },
     /// The attempt the call committed to.
     Answered {
@@ -375,8 +375,9 @@ enum RecvState<R> {
         /// The rest of its items; `None` for an answer the interceptor made (the call's
         /// deadline), which has no more.
         recv: Option<R>,
-        /// Its task that sends the application's messages, aborted with this stream.
-        sender: Option<AbortOnDrop>,
+        /// The call's task, which goes on sending the application's messages to that
+        /// attempt: aborted with this stream.
+        task: Option<AbortOnDrop>,
         /// The call's deadline, which ends the stream if it passes first.
         deadline: Option<std::time::Instant>,
     },
@@ -385,12 +386,12 @@ enum RecvState<R> {
 impl<R: RecvStream + Send> RecvStream for RetryRecv<R> {
     async fn recv(&mut self, msg: &mut dyn RecvMessage) -> ResponseStreamItem {
         loop {
-            let decision = match &mut self.0 {
+            let (decision, task) = match &mut self.0 {
                 RecvState::Direct(recv) => return recv.recv(msg).await,
                 RecvState::Answered {
                     first,
                     recv,
-                    sender,
+                    task,
                     deadline,
                 } => {
                     if let Some(item) = first.take() {
@@ -409,28 +410,25 @@ impl<R: RecvStream + Send> RecvStream for RetryRecv<R> {
                     // The deadline passed while the committed attempt streamed: it is
                     // cancelled, as a gRPC client cancels a call past its deadline.
                     *recv = None;
-                    *sender = None;
+                    *task = None;
                     return ResponseStreamItem::Trailers(driver::status(
                         ::grpc::StatusCodeError::DeadlineExceeded,
                         "deadline exceeded",
                     ));
                 }
-                RecvState::Waiting { decision, .. } => decision.await,
+                RecvState::Waiting { decision, task } => (decision.await, task.take()),
             };
-            let answer = decision.unwrap_or_else(|_| Answer {
+            let answer = decision.unwrap_or_else(|_| {
                 // The call's task ended without a word: only a panic does that.
-                first: ResponseStreamItem::Trailers(driver::status(
+                Answer::ended(driver::status(
                     ::grpc::StatusCodeError::Internal,
                     "the call's task ended without an answer",
-                )),
-                recv: None,
-                sender: None,
-                deadline: None,
+                ))
             });
             self.0 = RecvState::Answered {
                 first: Some(answer.first),
                 recv: answer.recv,
-                sender: answer.sender,
+                task,
                 deadline: answer.deadline,
             };
         }
