@@ -284,7 +284,7 @@ where
     /// engine admits it.
     fn send(&mut self, send: Dispatch, inputs: &mut Inputs<'_>) {
         if let Some(reader) = self.body.0.committed_reader() {
-            // The body committed itself (in a sender's task) since the call last looked: no
+            // The body committed itself (as a sender read it) since the call last looked: no
             // new attempt may start, and the engine is told before it asks again.
             self.commit_seen = true;
             self.engine.on_commit(reader);

@@ -115,7 +115,7 @@ const QUEUED_CHUNKS: usize = 8;
 /// [module docs](self) for what it does and what `grpc` 0.9 does not let it do.
 ///
 /// Calls are made within a tokio runtime, as `grpc`'s channel itself requires: a driven
-/// call runs in a task of its own.
+/// call runs in one task of its own, which also sends its attempts the messages.
 ///
 /// ```
 /// use tower_retry_hedge::classify::{Code, GrpcCodes};
