@@ -347,13 +347,13 @@ where
             Action::Cancel => {
                 let state = &mut **this.state;
                 let engine = &state.engine;
-                let live = |id| engine.is_live(id);
+                let live = |id: AttemptId| engine.is_live(id.send);
                 for (id, future) in take_attempts(this.first.as_mut(), &mut state.later, live) {
                     state.stop(id, future);
                 }
                 let engine = &state.engine;
                 if let Some(spans) = &mut state.spans {
-                    spans.cancelled(|send| !engine.is_live_send(send));
+                    spans.cancelled(|send| !engine.is_live(send));
                 }
             }
             Action::TimedOut(id) => {

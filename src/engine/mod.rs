@@ -421,13 +421,9 @@ impl Engine {
             || self.rules.per_attempt_timeout().is_some()
     }
 
-    /// Whether the engine still waits for attempt `id`'s answer.
-    pub(crate) fn is_live(&self, id: AttemptId) -> bool {
-        self.live.contains(id)
-    }
-
-    /// Whether the engine still waits for the attempt sent `send`-th.
-    pub(crate) fn is_live_send(&self, send: u32) -> bool {
+    /// Whether the engine still waits for the answer of the attempt sent `send`-th (see
+    /// [`AttemptId::send`]).
+    pub(crate) fn is_live(&self, send: u32) -> bool {
         self.live.contains_send(send)
     }
 

@@ -446,7 +446,7 @@ impl Model {
                     self.due = None;
                     // Nothing in flight and nothing to wait for is a call that never ends.
                     let engine = &self.engine;
-                    let live = self.held.iter().any(|(a, _)| engine.is_live(*a));
+                    let live = self.held.iter().any(|(a, _)| engine.is_live(a.send));
                     prop_assert!(at.is_some() || live, "the call waits for nothing");
                     return Ok(());
                 }
@@ -465,7 +465,7 @@ impl Model {
                     return Ok(());
                 }
                 let (id, _) = self.held.remove(i % self.held.len());
-                let cut_off = !self.engine.is_live(id);
+                let cut_off = !self.engine.is_live(id.send);
                 let headers = HeaderMap::new();
                 let result = AttemptResult::Response {
                     status: StatusCode::OK,
@@ -540,7 +540,7 @@ impl Model {
             }
             Event::DropCutOff => {
                 let engine = &self.engine;
-                self.held.retain(|(a, _)| engine.is_live(*a));
+                self.held.retain(|(a, _)| engine.is_live(a.send));
             }
             Event::Advance(by) => {
                 self.now += ms(by);
@@ -611,7 +611,7 @@ impl Model {
             }
             if self.due.is_some() {
                 self.step(Event::Service(Ready::Yes))?;
-            } else if self.held.iter().any(|(a, _)| !self.engine.is_live(*a)) {
+            } else if self.held.iter().any(|(a, _)| !self.engine.is_live(a.send)) {
                 self.step(Event::DropCutOff)?;
             } else if !self.held.is_empty() {
                 self.step(Event::Answer(0, Answer::Fatal))?;

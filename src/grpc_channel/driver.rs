@@ -253,7 +253,8 @@ where
                 Action::Send(send) => self.send(send, &mut inputs),
                 Action::Cancel => {
                     let engine = &self.engine;
-                    self.attempts.retain(|attempt| engine.is_live(attempt.id));
+                    self.attempts
+                        .retain(|attempt| engine.is_live(attempt.id.send));
                 }
                 Action::TimedOut(id) => {
                     self.attempts.retain(|attempt| attempt.id != id);

@@ -397,7 +397,7 @@ fn a_commit_cancels_every_other_attempt_and_stops_new_ones() {
     let second = sent(&mut engine, send, t0());
     engine.on_commit(u64::from(second.send));
     assert_eq!(poll(&mut engine, t0()), Action::Cancel);
-    assert!(!engine.is_live(AttemptId::FIRST) && engine.is_live(second));
+    assert!(!engine.is_live(AttemptId::FIRST.send) && engine.is_live(second.send));
     // The first attempt, cut off, answers with a body error: it means nothing.
     assert_eq!(
         answer(&mut engine, AttemptId::FIRST, RETRYABLE, t0()),

@@ -41,7 +41,7 @@ fn an_answer_loses_to_the_attempt_the_body_committed_to_first() {
         answer_with(&mut engine, second, Outcome::Success, &CommittedTo(1)),
         Verdict::Drop
     );
-    assert!(engine.is_live(AttemptId::FIRST));
+    assert!(engine.is_live(AttemptId::FIRST.send));
     assert_eq!(
         answer_with(
             &mut engine,
@@ -58,7 +58,7 @@ fn a_body_sent_once_is_never_hedged_and_its_attempt_goes_on() {
     let mut engine = Engine::new(hedge_rules(3, ms(20)), None, BodyKind::Once, 0, None);
     assert_eq!(poll(&mut engine, t0()), Action::Wait(None));
     assert_eq!(poll(&mut engine, t0() + ms(20)), Action::Wait(None));
-    assert!(engine.is_live(AttemptId::FIRST));
+    assert!(engine.is_live(AttemptId::FIRST.send));
     assert_eq!(
         answer(
             &mut engine,
