@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use http::Method;
 
-use super::rules::{CallFacts, Plan, Start, TableFacts, nothing_applies, plan};
+use super::rules::{CallFacts, Start, TableFacts, nothing_applies, plan};
 use crate::policy::{MethodPolicy, Policies, ThrottleHandle};
 
 /// What the engine asks a driver of a call as it enters, each only when it needs it.
@@ -48,16 +48,13 @@ pub(crate) fn enter(
         return None;
     }
     let policy = matched.map(|m| entrance.policy(m.policy));
-    let Plan::Drive(mut start) = plan(policy, &table, &entrance.facts(), now) else {
-        return None;
-    };
-    start.rules.throttle = entrance.throttle();
-    if start.has_policy
-        && let Some(throttle) = &start.rules.throttle
+    let throttle = entrance.throttle();
+    if let (Some(MethodPolicy::Retry(_) | MethodPolicy::Hedge(_)), Some(throttle)) =
+        (&policy, &throttle)
     {
         // A budget's deposit: calls without a policy make no retries to pay for.
         throttle.on_call();
     }
-    start.route = matched.and_then(|m| m.route);
-    Some(start)
+    let route = matched.and_then(|m| m.route);
+    plan(policy, &table, &entrance.facts(), throttle, route, now)
 }

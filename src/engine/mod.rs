@@ -53,7 +53,7 @@ pub(crate) use self::entry::{Entrance, enter};
 use self::live::Live;
 pub(crate) use self::rules::{BodyKind, CallFacts, Mode, Rules, Start};
 #[cfg(test)]
-use self::rules::{Plan, TableFacts, nothing_applies, plan};
+use self::rules::{TableFacts, nothing_applies, plan};
 
 /// One attempt of a call: the order it was sent in and the counted attempt it belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -169,36 +169,28 @@ pub(crate) struct CallFacts<'a> {
     pub(crate) deadline: Option<Instant>,
 }
 
-/// What a layer does with a call.
-pub(crate) enum Plan {
-    /// Hands it to the service below as it is: a layer above drives it, or nothing of A6
-    /// applies (no policy, no throttle, transparent retries off).
-    Passthrough,
-    /// Drives it.
-    Drive(Start),
-}
-
 /// How a driven call starts.
 pub(crate) struct Start {
-    /// Its rules; the throttle is the layer's to look up (by authority), and is `None` here.
+    /// Its rules, with the throttle the driver looked up (the layers' by authority).
     pub(crate) rules: Rules,
     pub(crate) deadline: Option<Instant>,
     /// The request's own `grpc-timeout` is the deadline: the first attempt keeps it.
     pub(crate) deadline_from_header: bool,
-    /// The call has a policy: it counts as a call for a budget (`on_call`).
-    pub(crate) has_policy: bool,
     /// The call keeps a record of the backends its attempts tried.
     pub(crate) track_backends: bool,
     /// When its first attempt goes, read only for an adaptive hedging delay, which learns
     /// from the latency of the attempt that answers.
     pub(crate) first_sent_at: Option<Instant>,
-    /// The route the call matched, for its statistics; the entry sets it.
+    /// The route the call matched, for its statistics.
     pub(crate) route: Option<usize>,
 }
 
 /// The rules of a call: its method's `policy` (if any), what `table` says of every call,
-/// and what the request says (`call`). `now` is read once, and only when a timeout or an
-/// adaptive hedging delay needs it.
+/// and what the request says (`call`), with the `throttle` and the `route` the entry looked
+/// up; `None` when the layer hands the call on as it is (a
+/// layer above drives it, or nothing of A6 applies: no policy, no throttle, transparent
+/// retries off). `now` is read once, and only when a timeout or an adaptive hedging delay
+/// needs it.
 ///
 /// Whichever layer of the crate meets a call first drives it, by its method's policy (a
 /// retry policy is retried, a hedging policy hedged, the same in either layer); a layer
@@ -208,15 +200,13 @@ pub(crate) fn plan(
     policy: Option<MethodPolicy>,
     table: &TableFacts,
     call: &CallFacts<'_>,
+    throttle: Option<ThrottleHandle>,
+    route: Option<usize>,
     now: &dyn Fn() -> Instant,
-) -> Plan {
+) -> Option<Start> {
     if call.driven || nothing_applies(policy.as_ref(), table) {
-        return Plan::Passthrough;
+        return None;
     }
-    let has_policy = matches!(
-        policy,
-        Some(MethodPolicy::Retry(_) | MethodPolicy::Hedge(_))
-    );
     let mut read = None;
     let mut now = || *read.get_or_insert_with(now);
     let repeatable = call.grpc || call.method.is_idempotent();
@@ -247,22 +237,21 @@ pub(crate) fn plan(
         Mode::Hedge(policy, _) if policy.delay.is_adaptive() => Some(now()),
         _ => None,
     };
-    Plan::Drive(Start {
+    Some(Start {
         rules: Rules {
             mode,
             max_attempts: max_attempts.min(table.max_attempts_cap),
             may_repeat,
             grpc: call.grpc,
             max_pushback: table.max_pushback,
-            throttle: None,
+            throttle,
             wait_for_ready,
         },
         deadline,
         deadline_from_header,
-        has_policy,
         track_backends,
         first_sent_at,
-        route: None,
+        route,
     })
 }
 

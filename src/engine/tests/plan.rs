@@ -21,11 +21,8 @@ const TABLE: TableFacts = TableFacts {
     track_backends: false,
 };
 
-fn drive(plan: Plan) -> Start {
-    match plan {
-        Plan::Drive(start) => start,
-        Plan::Passthrough => panic!("the call is driven"),
-    }
+fn drive(plan: Option<Start>) -> Start {
+    plan.expect("the call is driven")
 }
 
 #[test]
@@ -39,6 +36,8 @@ fn the_plan_of_a_call_is_its_policy_whichever_layer_meets_it_first() {
         Some(retry.clone()),
         &TABLE,
         &facts(&post, &headers, true),
+        None,
+        None,
         &never,
     ));
     assert!(matches!(start.rules.mode, Mode::Retry(_)));
@@ -46,12 +45,14 @@ fn the_plan_of_a_call_is_its_policy_whichever_layer_meets_it_first() {
         (start.rules.max_attempts, start.rules.may_repeat),
         (3, true)
     );
-    assert!(start.has_policy && start.deadline.is_none());
+    assert!(start.deadline.is_none());
     // An HTTP POST may not, unless it carries an idempotency key its policy accepts.
     let start = drive(plan(
         Some(retry.clone()),
         &TABLE,
         &facts(&post, &headers, false),
+        None,
+        None,
         &never,
     ));
     assert!(!start.rules.may_repeat);
@@ -62,27 +63,23 @@ fn the_plan_of_a_call_is_its_policy_whichever_layer_meets_it_first() {
         Some(keyed.clone()),
         &TABLE,
         &facts(&post, &with_key, false),
+        None,
+        None,
         &never,
     ));
     assert!(start.rules.may_repeat);
     // A call a layer above drives passes through; so does a call with nothing to apply.
     let mut driven = facts(&get, &headers, true);
     driven.driven = true;
-    assert!(matches!(
-        plan(Some(retry.clone()), &TABLE, &driven, &never),
-        Plan::Passthrough
-    ));
+    assert!(plan(Some(retry.clone()), &TABLE, &driven, None, None, &never).is_none());
     let off = TableFacts {
         drive_without_policy: false,
         ..TABLE
     };
     let get_facts = facts(&get, &headers, false);
-    assert!(matches!(
-        plan(None, &off, &get_facts, &never),
-        Plan::Passthrough
-    ));
-    let start = drive(plan(None, &TABLE, &get_facts, &never));
-    assert!(matches!(start.rules.mode, Mode::Single) && !start.has_policy);
+    assert!(plan(None, &off, &get_facts, None, None, &never).is_none());
+    let start = drive(plan(None, &TABLE, &get_facts, None, None, &never));
+    assert!(matches!(start.rules.mode, Mode::Single));
     // A hedging policy keeps its record of backends, whatever the table says.
     let hedge = HedgePolicy::builder()
         .max_attempts(2)
@@ -95,6 +92,8 @@ fn the_plan_of_a_call_is_its_policy_whichever_layer_meets_it_first() {
         Some(hedge.clone()),
         &TABLE,
         &facts(&get, &headers, true),
+        None,
+        None,
         &never,
     ));
     assert!(matches!(start.rules.mode, Mode::Hedge(..)) && start.track_backends);
@@ -110,7 +109,7 @@ fn the_deadline_is_the_earliest_of_header_timeout_and_extension() {
     let secs = Duration::from_secs;
     let deadline_of = |timeout: Option<Duration>, call: &CallFacts<'_>| {
         let policy = timeout.map(MethodPolicy::Timeout);
-        let start = drive(plan(policy, &TABLE, call, &read));
+        let start = drive(plan(policy, &TABLE, call, None, None, &read));
         (start.deadline, start.deadline_from_header)
     };
     let grpc = facts(&get, &grpc_headers, true);
