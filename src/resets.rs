@@ -102,7 +102,7 @@ impl std::fmt::Debug for StreamResets {
 pub(crate) enum Stop {
     /// Drop it now: its stream is reset (within the limit).
     Reset,
-    /// Let it finish on a task of its own ([`finish`]).
+    /// Let it finish on a task of its own ([`let_finish`]).
     Finish,
     /// Drop it now although the limit is reached, as no more attempts can be let finish.
     ResetOverLimit,

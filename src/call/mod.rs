@@ -61,9 +61,8 @@ pub(crate) fn sending<R>(send: impl FnOnce() -> R) -> R {
     send()
 }
 
-/// A layer's `call`: finds the request's policy, and drives the call as the engine's
-/// [`plan`](crate::engine::plan) says, or passes it through. `handles` are the service
-/// clone's own (see [`Handles`]).
+/// A layer's `call`: drives the call as the engine's entry ([`enter`](crate::engine::enter))
+/// says, or passes it through. `handles` are the service clone's own (see [`Handles`]).
 pub(crate) fn call<S, B>(
     inner: &mut S,
     handles: &mut Handles<S>,
