@@ -122,7 +122,6 @@ pub mod backoff;
 #[cfg_attr(docsrs, doc(cfg(feature = "balance")))]
 pub mod balance;
 pub mod body;
-mod call;
 pub mod classify;
 pub mod config;
 mod engine;

@@ -504,7 +504,7 @@ impl AuthorityThrottle for Throttle {
 /// A throttle handle alone on its cache lines (128 bytes: the adjacent-line prefetcher pairs
 /// them), forwarding to the throttle it holds. A driver's service clone takes its reference
 /// counts on one of these, not on the table's handle that every core shares (see
-/// `call::handles` for the figures).
+/// `retry::call::handles` for the figures).
 #[derive(Debug)]
 #[repr(align(128))]
 pub(crate) struct Padded(pub(crate) Arc<dyn RetryThrottle>);

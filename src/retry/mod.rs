@@ -165,6 +165,7 @@
 //!
 //! [`DeadlineExceeded`]: crate::error::DeadlineExceeded
 
+mod call;
 mod layer;
 
 use std::task::{Context, Poll};
@@ -172,10 +173,10 @@ use std::task::{Context, Poll};
 use http::{Request, Response};
 use tower_service::Service;
 
+use self::call::Handles;
+pub use self::call::ResponseFuture;
 pub use self::layer::RetryLayer;
 use crate::body::Replay;
-use crate::call::Handles;
-pub use crate::call::ResponseFuture;
 use crate::error::BoxError;
 use crate::policy::Policies;
 
@@ -242,6 +243,6 @@ where
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
-        crate::call::call(&mut self.inner, &mut self.handles, &self.policies, request)
+        call::call(&mut self.inner, &mut self.handles, &self.policies, request)
     }
 }
