@@ -15,12 +15,13 @@ async fn json_hedging_over_tonics_balancer_survives_a_dead_backend() {
     ];
     // No throttle; `maxAttempts` 5 (the client's cap). tonic's balancer does not know what a
     // call tried, so a call fails only if all 5 attempts draw the dead backend (about 1 in
-    // 250 with an even draw).
+    // 250 with an even draw). The hedging delay is far past any call's time on the real
+    // clock, even on busy cores: only the hedges after failures go.
     let policies = ServiceConfig::from_json(
         r#"{"methodConfig": [{
             "name": [{"service": "test.echo.Echo"}],
             "hedgingPolicy": {
-                "maxAttempts": 5, "hedgingDelay": "0.5s", "nonFatalStatusCodes": ["UNAVAILABLE"]
+                "maxAttempts": 5, "hedgingDelay": "5s", "nonFatalStatusCodes": ["UNAVAILABLE"]
             }
         }]}"#,
     )
