@@ -1,12 +1,13 @@
 //! A call's books: what the engine recorded of it, posted to the statistics of its route or
-//! method as it goes, and to the table's A96 metrics when it ends. Every driver posts
-//! through here, so a call gives the same figures whichever driver runs it.
+//! method as it goes ([`Action::Post`](super::Action::Post)), and to the table's A96 metrics
+//! when it ends ([`Engine::close`]). Every driver posts through here, so a call gives the
+//! same figures whichever driver runs it.
 
 use std::sync::Arc;
 
-use super::Engine;
+use super::{AttemptMarks, Engine};
 use crate::policy::Policies;
-use crate::stats::MethodStats;
+use crate::stats::{MethodStats, Records};
 
 /// Where a call's books go: the statistics of the route it matched, else of its method.
 #[derive(Clone, Copy)]
@@ -15,6 +16,12 @@ pub(crate) struct Books<'a> {
     pub(crate) route: Option<usize>,
     /// The request's path: the method's name, for a call that matched no route.
     pub(crate) path: &'a str,
+    /// The request's authority, for the A96 metrics' target label.
+    #[cfg(feature = "opentelemetry")]
+    pub(crate) authority: Option<&'a str>,
+    /// The request's extensions, where gRFC A108's custom label is read from.
+    #[cfg(feature = "opentelemetry")]
+    pub(crate) extensions: Option<&'a http::Extensions>,
 }
 
 impl Books<'_> {
@@ -26,33 +33,40 @@ impl Books<'_> {
         };
         self.policies.stats().method(key)
     }
+
+    /// Adds what the engine recorded to the statistics.
+    pub(crate) fn post(&self, records: &Records) {
+        self.method_stats().add(records);
+    }
 }
 
 impl Engine {
-    /// Posts what the engine recorded since the last post. A call of one attempt has
-    /// nothing to post, and looks nothing up.
-    pub(crate) fn post(&mut self, books: Books<'_>) {
-        if let Some(records) = self.take_records() {
-            books.method_stats().add(&records);
+    /// The call ends, returned or dropped: posts what the engine recorded since the last
+    /// [`Action::Post`](super::Action::Post), records the call in the table's A96 metrics,
+    /// and gives what its result carries. Only the first close posts and records; a call of
+    /// one attempt has nothing to post or record, and looks nothing up.
+    pub(crate) fn close(&mut self, books: Books<'_>) -> AttemptMarks {
+        if std::mem::replace(&mut self.closed, true) {
+            return self.marks();
         }
-    }
-
-    /// Records the call in the table's A96 metrics, with the labels `labels` gives for its
-    /// route's name, whether it is a gRPC call, and whether the metrics take the custom
-    /// label. A call of one attempt records nothing: the success path stops at the first
-    /// test.
-    #[cfg(feature = "opentelemetry")]
-    pub(crate) fn close(
-        &self,
-        books: Books<'_>,
-        labels: impl FnOnce(Option<&Arc<str>>, bool, bool) -> crate::metrics::Labels,
-    ) {
+        if let Some(records) = self.take_records() {
+            books.post(&records);
+        }
+        #[cfg(feature = "opentelemetry")]
         if let Some(counts) = self.extra()
             && let Some(metrics) = books.policies.metrics()
         {
             let route = books.route.map(|route| books.policies.route_name(route));
-            let labels = labels(route, self.rules.grpc, metrics.records_custom_label());
+            let extensions = books.extensions.filter(|_| metrics.records_custom_label());
+            let labels = crate::metrics::Labels::of(
+                books.path,
+                self.rules.grpc,
+                books.authority,
+                route,
+                extensions,
+            );
             metrics.record(&counts, &labels);
         }
+        self.marks()
     }
 }

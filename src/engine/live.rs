@@ -41,8 +41,17 @@ impl Live {
         self.0.iter().any(|a| a.id == id)
     }
 
+    #[cfg(test)]
     pub(super) fn contains_send(&self, send: u32) -> bool {
         self.0.iter().any(|a| a.id.send == send)
+    }
+
+    /// The one attempt in flight, if exactly one is.
+    pub(super) fn single(&self) -> Option<AttemptId> {
+        match self.0.as_slice() {
+            [only] => Some(only.id),
+            _ => None,
+        }
     }
 
     pub(super) fn is_empty(&self) -> bool {

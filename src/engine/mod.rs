@@ -9,13 +9,19 @@
 //! clock.
 //!
 //! ```text
-//! events in:   on_sent (attempt n went out with body reader r) | on_answer (attempt n, its
-//!              Outcome) | on_commit (the body committed itself to reader r) | on_timer
-//!              | on_service_error | admit (the service is ready for a send)
-//! actions out: Send (counted or transparent, retry or hedge) | Cancel (drop the attempts
-//!              that are no longer live) | TimedOut (n) | End (the kept failure, or the
-//!              deadline) | Wait (until)
+//! events in:   admit (the service's readiness for a send) | on_sent (attempt n went out
+//!              with body reader r) | on_answer (attempt n, its result) | on_commit (the
+//!              body committed itself to reader r) | a timer fired (told through Inputs)
+//! actions out: Send (counted or transparent, retry or hedge) | Post (what the statistics
+//!              count) | Cancel (every attempt but the committed one) | TimedOut (n) | End
+//!              (the kept failure, or the deadline) | Wait (until)
 //! ```
+//!
+//! A driver calls eight functions: [`enter`], [`Engine::new`], [`poll`](Engine::poll),
+//! [`admit`](Engine::admit), [`on_sent`](Engine::on_sent), [`on_answer`](Engine::on_answer),
+//! [`on_commit`](Engine::on_commit) and [`close`](Engine::close). Everything else it needs
+//! comes with what those return: the attempt's headers with its send, the records to post
+//! with [`Action::Post`], the attempts and marks of the result from `close`.
 //!
 //! The engine owns the whole call, including its most race-prone rule, the commit. It keeps
 //! the set of attempts in flight with the body reader of each, so a commit made by the body
@@ -81,16 +87,32 @@ pub(crate) struct Dispatch {
     pub(crate) hedge: bool,
 }
 
-/// Whether a send the engine asked for may go, once its service is ready.
+/// Where the driver's service stands for a send the engine asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Readiness {
+    Ready,
+    /// Not ready yet: it wakes the call when it is.
+    Pending,
+    /// It failed, and is not polled again: no more attempts are sent.
+    Failed,
+}
+
+/// Whether a send the engine asked for may go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Admission {
     Send,
-    /// The call is over, or the throttle refused: no counted attempt goes any more.
+    /// The call is over, or the throttle refused, or the service failed with attempts still
+    /// in flight: no counted attempt goes any more. Poll the engine again.
     Refused,
     /// A backup hedge over its policy's budget: not sent, and no more backups for this call.
     /// The hedge owed to a later non-fatal failure still goes (it answers to the throttle
-    /// alone).
+    /// alone). Poll the engine again.
     OverBudget,
+    /// The service is not ready: wake the call at this time too (the deadline, a timeout, a
+    /// later send), if the service has not woken it first.
+    Wait(Option<Instant>),
+    /// The service failed with nothing in flight: its error is the call's result.
+    Failed,
 }
 
 /// How a call ends when no answer is returned.
@@ -105,12 +127,15 @@ pub(crate) enum End {
 /// What the driver should do next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Action {
-    /// Send this attempt once the service is ready: then [`Engine::admit`] it, and report it
-    /// with [`Engine::on_sent`]. Asked again, the engine gives the same send until it is sent.
+    /// Send this attempt: [`admit`](Engine::admit) it with the service's readiness, and
+    /// report it with [`Engine::on_sent`]. Asked again, the engine gives the same send until
+    /// it is sent.
     Send(Dispatch),
-    /// Drop every attempt that is not [live](Engine::is_live) any more: dropping an attempt's
-    /// future cancels it.
-    Cancel,
+    /// Add these to the statistics of the call's route or method ([`Books::post`]).
+    Post(Records),
+    /// The call committed to this attempt (to none, if it is no longer in flight): drop
+    /// every other attempt. Dropping an attempt's future cancels it.
+    Cancel(Option<AttemptId>),
     /// This attempt outlived its per-attempt timeout: drop it; its result is an "attempt
     /// timed out" failure, kept as the last one.
     TimedOut(AttemptId),
@@ -141,10 +166,12 @@ pub(crate) trait CommitBody {
 }
 
 /// What the engine reads from outside: the time, read once and only if a rule needs it (a
-/// call answered at once never reads the clock), and the random generator of the jitter.
+/// call answered at once never reads the clock), whether the call's timer fired, and the
+/// random generator of the jitter.
 pub(crate) struct Inputs<'a> {
     read: &'a dyn Fn() -> Instant,
     now: Option<Instant>,
+    timer_fired: bool,
     rng: &'a mut dyn RngCore,
 }
 
@@ -154,6 +181,7 @@ impl<'a> Inputs<'a> {
         Inputs {
             read,
             now: None,
+            timer_fired: false,
             rng,
         }
     }
@@ -162,9 +190,11 @@ impl<'a> Inputs<'a> {
         *self.now.get_or_insert_with(self.read)
     }
 
-    /// Forgets the time read: a timer fired, so the clock has moved past it.
-    pub(crate) fn reset(&mut self) {
+    /// The call's timer fired: the clock has moved past the time read, and a deadline that
+    /// has passed ends the call before the next answer is accepted.
+    pub(crate) fn timer_fired(&mut self) {
         self.now = None;
+        self.timer_fired = true;
     }
 
     fn rng(&mut self) -> &mut dyn RngCore {
@@ -221,6 +251,8 @@ pub(crate) struct Engine {
     retry_state: Option<Box<RetryState>>,
     started: bool,
     ended: bool,
+    /// [`close`](Engine::close) has posted the call's last records and its metrics.
+    closed: bool,
 }
 
 /// The state of a call that has failed once (its backoff, its transparent resends, its last
@@ -264,7 +296,7 @@ struct RetryState {
     idle: Duration,
 }
 
-/// The headers of one attempt of a gRPC call, as [`Engine::attempt_headers`] gives them.
+/// The headers of one attempt of a gRPC call, as [`Engine::on_sent`] gives them.
 #[derive(Debug, Default)]
 pub(crate) struct AttemptHeaders {
     /// `grpc-previous-rpc-attempts`, after the first attempt.
@@ -273,7 +305,7 @@ pub(crate) struct AttemptHeaders {
     pub(crate) timeout: Option<http::HeaderValue>,
 }
 
-/// What a call's result carries about its attempts, when it made more than one.
+/// What a call's result carries about its attempts, as [`Engine::close`] gives it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct AttemptMarks {
     /// Every attempt the call sent.
@@ -310,6 +342,7 @@ impl Engine {
             retry_state: None,
             started: false,
             ended: false,
+            closed: false,
         };
         if let Mode::Hedge(policy, _) = &engine.rules.mode
             && let Some(budget) = &policy.budget
@@ -334,21 +367,17 @@ impl Engine {
     }
 
     /// The attempts sent so far.
-    pub(crate) fn attempts(&self) -> Attempts {
+    fn attempts(&self) -> Attempts {
         let transparent = self.retry_state.as_ref().map_or(0, |t| t.transparent);
         Attempts::new(self.sent, transparent)
     }
 
-    /// What the call's result carries: `None` for a call of one attempt, whose result is as
-    /// it was.
-    pub(crate) fn marks(&self) -> Option<AttemptMarks> {
-        if self.sent <= 1 {
-            return None;
-        }
-        Some(AttemptMarks {
+    /// What the call's result carries: its attempts, and the retry attempts made.
+    fn marks(&self) -> AttemptMarks {
+        AttemptMarks {
             attempts: self.attempts(),
             previous: self.counted - 1,
-        })
+        }
     }
 
     /// What the call did beyond its first attempt; `None` for a call of one attempt.
@@ -388,19 +417,11 @@ impl Engine {
         }
     }
 
-    pub(crate) fn grpc(&self) -> bool {
-        self.rules.grpc
-    }
-
-    pub(crate) fn deadline(&self) -> Option<Instant> {
-        self.deadline
-    }
-
     /// What counted attempt `number`, sent at `now`, tells the server of its call: for a
     /// gRPC call, the attempts before it (A6's `grpc-previous-rpc-attempts`, transparent
     /// retries excluded, absent on the first) and what is left of the call's time
     /// (`grpc-timeout`); nothing for other calls.
-    pub(crate) fn attempt_headers(&self, number: u32, now: Instant) -> AttemptHeaders {
+    fn attempt_headers(&self, number: u32, now: Instant) -> AttemptHeaders {
         if !self.rules.grpc {
             return AttemptHeaders::default();
         }
@@ -412,17 +433,9 @@ impl Engine {
         }
     }
 
-    /// Whether the engine may stop the first attempt while it runs: a hedging policy (a
-    /// hedge that wins stops it), a deadline, or a per-attempt timeout. The driver keeps
-    /// such a first attempt where it can be let finish on a task of its own.
-    pub(crate) fn may_stop_first(&self) -> bool {
-        self.rules.hedging_delay().is_some()
-            || self.deadline.is_some()
-            || self.rules.per_attempt_timeout().is_some()
-    }
-
     /// Whether the engine still waits for the answer of the attempt sent `send`-th (see
     /// [`AttemptId::send`]).
+    #[cfg(test)]
     pub(crate) fn is_live(&self, send: u32) -> bool {
         self.live.contains_send(send)
     }
@@ -442,7 +455,7 @@ impl Engine {
 
     /// [`wake_at`](Self::wake_at) past `now`: while a due send waits for its service, only
     /// what comes later can need the engine (the service wakes the call when it is ready).
-    pub(crate) fn wake_after(&self, now: Instant) -> Option<Instant> {
+    fn wake_after(&self, now: Instant) -> Option<Instant> {
         let later = |at: &Instant| *at > now;
         let next = self.scheduled().filter_map(|p| p.at).filter(later).min();
         let timeout = self.attempt_timeout().filter(later);
@@ -530,15 +543,26 @@ impl Engine {
         }
     }
 
-    /// The service is ready for `send`, which [`poll`](Self::poll) gave: tells whether it
-    /// may go. A counted send asks the throttle here, once, when it can really be sent (a
-    /// budget withdraws when it says yes); a backup hedge asks its policy's hedge budget
-    /// first, and gets its hedge back if the throttle then refuses. The throttle's refusal
-    /// stops the counted attempts; the budget's stops the call's backups only. Either way
-    /// the call waits on the attempts in flight.
-    pub(crate) fn admit(&mut self, send: Dispatch) -> Admission {
+    /// The driver's service stands as `service` says for `send`, which [`poll`](Self::poll)
+    /// gave: tells whether it may go. A counted send asks the throttle once it can really be
+    /// sent (a budget withdraws when it says yes); a backup hedge asks its policy's hedge
+    /// budget first, and gets its hedge back if the throttle then refuses. The throttle's
+    /// refusal stops the counted attempts; the budget's stops the call's backups only.
+    /// Either way the call waits on the attempts in flight.
+    pub(crate) fn admit(
+        &mut self,
+        send: Dispatch,
+        service: Readiness,
+        inputs: &mut Inputs<'_>,
+    ) -> Admission {
         if self.is_over() {
             return Admission::Refused;
+        }
+        match service {
+            Readiness::Ready => {}
+            Readiness::Pending => return Admission::Wait(self.wake_after(inputs.now())),
+            Readiness::Failed if self.on_service_error() => return Admission::Failed,
+            Readiness::Failed => return Admission::Refused,
         }
         let Some(next) = self.next.as_mut().filter(|p| p.send == send) else {
             // A transparent resend: granted when it was decided on.
@@ -577,14 +601,19 @@ impl Engine {
         Admission::Send
     }
 
-    /// An attempt was sent for `send` (which [`admit`](Self::admit) let go), with body
-    /// reader `reader`.
+    /// An attempt goes out for `send` (which [`admit`](Self::admit) let go), with body
+    /// reader `reader`: gives its identity and the headers it carries.
     pub(crate) fn on_sent(
         &mut self,
         send: Dispatch,
         reader: u64,
         inputs: &mut Inputs<'_>,
-    ) -> AttemptId {
+    ) -> (AttemptId, AttemptHeaders) {
+        let id = self.sent_attempt(send, reader, inputs);
+        (id, self.attempt_headers(id.number, inputs.now()))
+    }
+
+    fn sent_attempt(&mut self, send: Dispatch, reader: u64, inputs: &mut Inputs<'_>) -> AttemptId {
         if self.next.is_some_and(|p| p.send == send) {
             self.next = None;
         } else if let Some(retry_state) = &mut self.retry_state
@@ -692,7 +721,7 @@ impl Engine {
 
     /// A timer fired: the deadline, if it has passed, ends the call before any answer that
     /// is ready in the same poll is accepted.
-    pub(crate) fn on_timer(&mut self, inputs: &mut Inputs<'_>) {
+    fn on_timer(&mut self, inputs: &mut Inputs<'_>) {
         if self
             .deadline
             .is_some_and(|deadline| inputs.now() >= deadline)
@@ -710,7 +739,7 @@ impl Engine {
 
     /// The service failed to become ready for a new attempt: no more attempts are sent.
     /// Returns whether the call has nothing left in flight, so that the error is its result.
-    pub(crate) fn on_service_error(&mut self) -> bool {
+    fn on_service_error(&mut self) -> bool {
         if self.is_over() {
             return false;
         }
@@ -725,11 +754,16 @@ impl Engine {
 
     /// What to do next: call it until it says [`Action::Wait`] or ends the call.
     pub(crate) fn poll(&mut self, inputs: &mut Inputs<'_>) -> Action {
+        // A passed deadline is seen below; the timer has nothing more to say.
+        inputs.timer_fired = false;
         if self.ended {
             return Action::Wait(None);
         }
+        if let Some(records) = self.take_records() {
+            return Action::Post(records);
+        }
         if std::mem::take(&mut self.cancelled) {
-            return Action::Cancel;
+            return Action::Cancel(self.live.single());
         }
         if let Some(id) = self.retry_state.as_mut().and_then(|t| t.timed_out.take()) {
             return Action::TimedOut(id);
@@ -852,6 +886,9 @@ impl Engine {
         body: &dyn CommitBody,
         inputs: &mut Inputs<'_>,
     ) -> Verdict {
+        if std::mem::take(&mut inputs.timer_fired) {
+            self.on_timer(inputs);
+        }
         if self.is_over() {
             return Verdict::Drop;
         }

@@ -348,11 +348,14 @@ impl Model {
     /// non-fatal code takes none and is never over budget.
     fn admit(&mut self, send: Dispatch) -> Result<Admission, TestCaseError> {
         let before = self.remaining();
-        let admission = self.engine.admit(send);
+        let admission = self.inputs(|e, i| e.admit(send, Readiness::Ready, i));
         let taken = before - self.remaining();
         let counted_hedge = self.budget.is_some() && send.hedge && !send.transparent;
         match admission {
             Admission::Refused => prop_assert_eq!(taken, 0, "a refused send took a hedge"),
+            Admission::Wait(_) | Admission::Failed => {
+                prop_assert!(false, "{:?} for a service that is ready", admission);
+            }
             Admission::OverBudget => {
                 prop_assert!(
                     self.budget.is_some() && before == 0,
@@ -422,7 +425,7 @@ impl Model {
                 }
                 // The driver drops them, but not before answers already polled are fed in:
                 // `Event::DropCutOff` does it.
-                Action::Cancel => {}
+                Action::Cancel(_) | Action::Post(_) => {}
                 Action::TimedOut(id) => {
                     self.held.retain(|(a, _)| *a != id);
                     self.kept = Some(id);
@@ -551,11 +554,20 @@ impl Model {
                     return Ok(());
                 };
                 match ready {
-                    Ready::No => return Ok(()),
+                    Ready::No => {
+                        let admission = self.inputs(|e, i| e.admit(send, Readiness::Pending, i));
+                        prop_assert!(
+                            matches!(admission, Admission::Wait(_) | Admission::Refused),
+                            "{:?} for a service that is not ready",
+                            admission
+                        );
+                        return Ok(());
+                    }
                     Ready::Fails => {
                         self.stopped = true;
                         self.hedge_owed = false;
-                        if self.engine.on_service_error() {
+                        let admission = self.inputs(|e, i| e.admit(send, Readiness::Failed, i));
+                        if admission == Admission::Failed {
                             prop_assert!(self.held.is_empty());
                             self.end(Ended::ServiceError)?;
                             return Ok(());
@@ -571,7 +583,7 @@ impl Model {
                             } else {
                                 let reader = self.readers.len() as u64;
                                 self.readers.push(reader);
-                                let id = self.inputs(|e, i| e.on_sent(send, reader, i));
+                                let id = self.inputs(|e, i| e.on_sent(send, reader, i).0);
                                 self.sends += 1;
                                 self.transparent_sends += u32::from(send.transparent);
                                 if !send.transparent {

@@ -174,8 +174,9 @@ pub(crate) struct Start {
     /// Its rules, with the throttle the driver looked up (the layers' by authority).
     pub(crate) rules: Rules,
     pub(crate) deadline: Option<Instant>,
-    /// The request's own `grpc-timeout` is the deadline: the first attempt keeps it.
-    pub(crate) deadline_from_header: bool,
+    /// The `grpc-timeout` the first attempt of a gRPC call carries: the call's time left.
+    /// `None` where the request's own `grpc-timeout` is the deadline, which it keeps.
+    pub(crate) first_timeout: Option<http::HeaderValue>,
     /// The call keeps a record of the backends its attempts tried.
     pub(crate) track_backends: bool,
     /// When its first attempt goes, read only for an adaptive hedging delay, which learns
@@ -183,6 +184,17 @@ pub(crate) struct Start {
     pub(crate) first_sent_at: Option<Instant>,
     /// The route the call matched, for its statistics.
     pub(crate) route: Option<usize>,
+}
+
+impl Start {
+    /// Whether the engine may stop the first attempt while it runs: a hedging policy (a
+    /// hedge that wins stops it), a deadline, or a per-attempt timeout. The driver keeps
+    /// such a first attempt where it can be let finish on a task of its own.
+    pub(crate) fn may_stop_first(&self) -> bool {
+        self.rules.hedging_delay().is_some()
+            || self.deadline.is_some()
+            || self.rules.per_attempt_timeout().is_some()
+    }
 }
 
 /// The rules of a call: its method's `policy` (if any), what `table` says of every call,
@@ -233,6 +245,12 @@ pub(crate) fn plan(
     let track_backends =
         table.track_backends || matches!(&mode, Mode::Hedge(policy, _) if policy.track_backends);
     let (deadline, deadline_from_header) = deadline(call, timeout, &mut now);
+    let first_timeout = match deadline {
+        Some(deadline) if call.grpc && !deadline_from_header => Some(crate::grpc_timeout::encode(
+            deadline.saturating_duration_since(now()),
+        )),
+        _ => None,
+    };
     let first_sent_at = match &mode {
         Mode::Hedge(policy, _) if policy.delay.is_adaptive() => Some(now()),
         _ => None,
@@ -248,7 +266,7 @@ pub(crate) fn plan(
             wait_for_ready,
         },
         deadline,
-        deadline_from_header,
+        first_timeout,
         track_backends,
         first_sent_at,
         route,

@@ -30,8 +30,8 @@ use super::message::{Messages, Unframe};
 use crate::body::ReplayBody;
 use crate::classify::{AttemptResult, Code};
 use crate::engine::{
-    Action, Admission, AttemptId, Books, CommitBody, Dispatch, End, Engine, Inputs, Mode, Start,
-    Verdict,
+    Action, Admission, AttemptHeaders, AttemptId, AttemptMarks, Books, CommitBody, Dispatch, End,
+    Engine, Inputs, Mode, Readiness, Start, Verdict,
 };
 use crate::grpc_timeout::GRPC_TIMEOUT;
 use crate::metadata::GRPC_PREVIOUS_RPC_ATTEMPTS;
@@ -129,6 +129,7 @@ pub(super) struct GrpcCall<I: Invoke> {
     /// The interceptor's handles: the table, for statistics, metrics and route names.
     handles: Arc<Handles>,
     route: Option<usize>,
+    deadline: Option<std::time::Instant>,
     attempts: Vec<Attempt<I::RecvStream>>,
     /// The failure kept as the call's last (see [`Verdict::Keep`]).
     last: Option<(AttemptId, Answer<I::RecvStream>)>,
@@ -157,7 +158,12 @@ where
     ) -> GrpcCall<I> {
         let first_reader = body.clone();
         let route = start.route;
+        let deadline = start.deadline;
         let hedged = matches!(start.rules.mode, Mode::Hedge(..));
+        let first_headers = AttemptHeaders {
+            previous: None,
+            timeout: start.first_timeout,
+        };
         let engine = Engine::new(
             start.rules,
             start.deadline,
@@ -173,6 +179,7 @@ where
             engine,
             handles,
             route,
+            deadline,
             attempts: Vec::new(),
             last: None,
             timer: Box::pin(tokio::time::sleep(Duration::ZERO)),
@@ -181,7 +188,7 @@ where
             hedged,
         };
         // Futures are lazy: the first attempt goes when the call's task first polls it.
-        call.start_attempt(AttemptId::FIRST, first_reader);
+        call.start_attempt(AttemptId::FIRST, first_reader, first_headers);
         call
     }
 
@@ -215,7 +222,8 @@ where
                 let mut inputs = Inputs::new(&read, &mut rng);
                 match event {
                     Event::Abandoned => return,
-                    Event::Timer => self.engine.on_timer(&mut inputs),
+                    // The engine's next poll sees the time, and a deadline passed.
+                    Event::Timer => {}
                     Event::Committed(reader) => self.engine.on_commit(reader),
                     Event::Answered(index, answer) => {
                         // Its future is done: only its identity is left.
@@ -251,11 +259,10 @@ where
         loop {
             match self.engine.poll(&mut inputs) {
                 Action::Send(send) => self.send(send, &mut inputs),
-                Action::Cancel => {
-                    let engine = &self.engine;
-                    self.attempts
-                        .retain(|attempt| engine.is_live(attempt.id.send));
+                Action::Post(records) => {
+                    books(&self.handles, self.route, self.headers.method_name()).post(&records);
                 }
+                Action::Cancel(kept) => self.attempts.retain(|attempt| Some(attempt.id) == kept),
                 Action::TimedOut(id) => {
                     self.attempts.retain(|attempt| attempt.id != id);
                     let trailers = status(StatusCodeError::DeadlineExceeded, "attempt timed out");
@@ -271,10 +278,11 @@ where
                     });
                 }
                 Action::End(End::DeadlineExceeded) => {
-                    let attempts = self.engine.attempts().sent();
+                    let marks = self.close();
+                    let attempts = marks.attempts.sent();
                     let message = format!("deadline exceeded after {attempts} attempt(s)");
                     let trailers = status(StatusCodeError::DeadlineExceeded, &message);
-                    return Ok(self.marked(Answer::ended(trailers)));
+                    return Ok(marked(Answer::ended(trailers), marks));
                 }
                 Action::Wait(at) => return Err(at),
             }
@@ -291,30 +299,28 @@ where
             self.engine.on_commit(reader);
             return;
         }
-        match self.engine.admit(send) {
-            Admission::Send => {}
-            Admission::Refused => return,
-            Admission::OverBudget => {
-                self.report();
-                return;
-            }
+        if self.engine.admit(send, Readiness::Ready, inputs) != Admission::Send {
+            return;
         }
         let reader = self.body.0.clone();
-        let id = self.engine.on_sent(send, reader.reader_id(), inputs);
-        self.report();
+        let (id, attempt_headers) = self.engine.on_sent(send, reader.reader_id(), inputs);
         crate::telemetry::hedge_sent(id.send, send.hedge && !send.transparent);
-        self.start_attempt(id, reader);
+        self.start_attempt(id, reader, attempt_headers);
     }
 
-    /// Starts attempt `id` on the channel, with its own reader of the messages.
-    fn start_attempt(&mut self, id: AttemptId, reader: ReplayBody<Messages>) {
+    /// Starts attempt `id` on the channel, with its own reader of the messages and the
+    /// headers the engine gave it.
+    fn start_attempt(
+        &mut self,
+        id: AttemptId,
+        reader: ReplayBody<Messages>,
+        attempt_headers: AttemptHeaders,
+    ) {
         let mut headers = self.headers.clone();
         let mut options = self.options.clone();
-        if let Some(deadline) = self.engine.deadline() {
+        if let Some(deadline) = self.deadline {
             options.set_deadline(deadline);
         }
-        let now = tokio::time::Instant::now().into_std();
-        let attempt_headers = self.engine.attempt_headers(id.number, now);
         for (name, value) in [
             (GRPC_PREVIOUS_RPC_ATTEMPTS, attempt_headers.previous),
             (GRPC_TIMEOUT, attempt_headers.timeout),
@@ -411,7 +417,6 @@ where
             }
         };
         let (verdict, _) = self.engine.on_answer(id, view, &self.body, inputs);
-        self.report();
         match verdict {
             Verdict::Return => Some(self.answer(answered)),
             Verdict::Keep => {
@@ -430,64 +435,62 @@ where
         if matches!(answered.first, ResponseStreamItem::Trailers(_)) {
             answered.sender = None;
         } else {
-            answered.deadline = self.engine.deadline();
+            answered.deadline = self.deadline;
         }
-        self.marked(answered)
-    }
-
-    /// `answered`, marked with `grpc-previous-rpc-attempts` when retry attempts were made,
-    /// as the layers mark theirs.
-    fn marked(&self, mut answered: Answer<I::RecvStream>) -> Answer<I::RecvStream> {
-        let Some(marks) = self.engine.marks().filter(|m| m.previous > 0) else {
-            return answered;
-        };
-        let value = MetadataValue::from(marks.previous);
-        match &mut answered.first {
-            ResponseStreamItem::Headers(headers) => {
-                headers
-                    .metadata_mut()
-                    .insert(GRPC_PREVIOUS_RPC_ATTEMPTS, value);
-            }
-            ResponseStreamItem::Trailers(trailers) => {
-                trailers
-                    .metadata_mut()
-                    .insert(GRPC_PREVIOUS_RPC_ATTEMPTS, value);
-            }
-            ResponseStreamItem::Message | ResponseStreamItem::StreamClosed => {}
-        }
-        answered
-    }
-
-    /// Posts what the engine recorded to the call's books, as the layers' driver does.
-    fn report(&mut self) {
-        let books = Books {
-            policies: &self.handles.policies,
-            route: self.route,
-            path: self.headers.method_name(),
-        };
-        self.engine.post(books);
+        marked(answered, self.close())
     }
 }
 
-/// The call's A96 metrics are recorded when its state goes, however the call ended: with an
-/// answer, abandoned, or its task aborted with the application's receive stream.
-impl<I: Invoke> Drop for GrpcCall<I> {
-    #[cfg(feature = "opentelemetry")]
-    fn drop(&mut self) {
-        let path = self.headers.method_name();
-        let books = Books {
-            policies: &self.handles.policies,
-            route: self.route,
-            path,
-        };
-        let labels = |route: Option<&Arc<str>>, grpc, _| {
-            crate::metrics::Labels::of(path, grpc, None, route, None)
-        };
-        self.engine.close(books, labels);
+impl<I: Invoke> GrpcCall<I> {
+    /// Closes the call's books (see [`Engine::close`]): gives what its answer carries.
+    fn close(&mut self) -> AttemptMarks {
+        let books = books(&self.handles, self.route, self.headers.method_name());
+        self.engine.close(books)
     }
+}
 
-    #[cfg(not(feature = "opentelemetry"))]
-    fn drop(&mut self) {}
+/// Where the books of a call on `path` go, as the layers' driver posts to them.
+fn books<'a>(handles: &'a Handles, route: Option<usize>, path: &'a str) -> Books<'a> {
+    Books {
+        policies: &handles.policies,
+        route,
+        path,
+        #[cfg(feature = "opentelemetry")]
+        authority: None,
+        #[cfg(feature = "opentelemetry")]
+        extensions: None,
+    }
+}
+
+/// `answered`, marked with `grpc-previous-rpc-attempts` when retry attempts were made, as
+/// the layers mark theirs.
+fn marked<R>(mut answered: Answer<R>, marks: AttemptMarks) -> Answer<R> {
+    if marks.previous == 0 {
+        return answered;
+    }
+    let value = MetadataValue::from(marks.previous);
+    match &mut answered.first {
+        ResponseStreamItem::Headers(headers) => {
+            headers
+                .metadata_mut()
+                .insert(GRPC_PREVIOUS_RPC_ATTEMPTS, value);
+        }
+        ResponseStreamItem::Trailers(trailers) => {
+            trailers
+                .metadata_mut()
+                .insert(GRPC_PREVIOUS_RPC_ATTEMPTS, value);
+        }
+        ResponseStreamItem::Message | ResponseStreamItem::StreamClosed => {}
+    }
+    answered
+}
+
+/// The call's books are closed when its state goes, however the call ended: with an answer,
+/// abandoned, or its task aborted with the application's receive stream.
+impl<I: Invoke> Drop for GrpcCall<I> {
+    fn drop(&mut self) {
+        self.close();
+    }
 }
 
 /// What woke a call.

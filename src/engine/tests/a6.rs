@@ -384,7 +384,7 @@ fn hedges_need_the_throttle_above_half() {
     let Action::Send(send) = poll(&mut engine, t0() + ms(10)) else {
         panic!("the hedge is due")
     };
-    assert_eq!(engine.admit(send), Admission::Refused);
+    assert_eq!(admit(&mut engine, send), Admission::Refused);
     assert_eq!(poll(&mut engine, t0() + ms(10)), Action::Wait(None));
 }
 
@@ -396,7 +396,7 @@ fn a_commit_cancels_every_other_attempt_and_stops_new_ones() {
     };
     let second = sent(&mut engine, send, t0());
     engine.on_commit(u64::from(second.send));
-    assert_eq!(poll(&mut engine, t0()), Action::Cancel);
+    assert_eq!(poll(&mut engine, t0()), Action::Cancel(Some(second)));
     assert!(!engine.is_live(AttemptId::FIRST.send) && engine.is_live(second.send));
     // The first attempt, cut off, answers with a body error: it means nothing.
     assert_eq!(

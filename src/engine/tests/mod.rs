@@ -41,8 +41,27 @@ fn at<T>(at: Instant, f: impl FnOnce(&mut Inputs<'_>) -> T) -> T {
     f(&mut Inputs::new(&read, &mut rng))
 }
 
+/// The engine's next action at `now`, past the records it posts (which the statistics tests
+/// read with [`poll_posting`]).
 fn poll(engine: &mut Engine, now: Instant) -> Action {
-    at(now, |inputs| engine.poll(inputs))
+    poll_posting(engine, now, &crate::stats::MethodStats::default())
+}
+
+/// The engine's next action at `now`, with the records it posts added to `stats`.
+fn poll_posting(engine: &mut Engine, now: Instant, stats: &crate::stats::MethodStats) -> Action {
+    at(now, |inputs| {
+        loop {
+            match engine.poll(inputs) {
+                Action::Post(records) => stats.add(&records),
+                action => return action,
+            }
+        }
+    })
+}
+
+/// The driver's service is ready for `send`: whether the engine lets it go.
+fn admit(engine: &mut Engine, send: Dispatch) -> Admission {
+    at(t0(), |inputs| engine.admit(send, Readiness::Ready, inputs))
 }
 
 /// A body whose commit always goes to the reader that asks, as a body that records nothing.
@@ -68,9 +87,9 @@ fn answer(engine: &mut Engine, id: AttemptId, outcome: Outcome, now: Instant) ->
 /// Sends `send` as the driver does: admitted, then sent with the body reader numbered as the
 /// send is.
 fn sent(engine: &mut Engine, send: Dispatch, now: Instant) -> AttemptId {
-    assert_eq!(engine.admit(send), Admission::Send, "{send:?} is admitted");
+    assert_eq!(admit(engine, send), Admission::Send, "{send:?} is admitted");
     let reader = u64::from(engine.attempts().sent() + 1);
-    at(now, |inputs| engine.on_sent(send, reader, inputs))
+    at(now, |inputs| engine.on_sent(send, reader, inputs).0)
 }
 
 /// An engine whose first attempt sends body reader 1, with a body that records nothing.

@@ -110,30 +110,33 @@ fn the_deadline_is_the_earliest_of_header_timeout_and_extension() {
     let deadline_of = |timeout: Option<Duration>, call: &CallFacts<'_>| {
         let policy = timeout.map(MethodPolicy::Timeout);
         let start = drive(plan(policy, &TABLE, call, None, None, &read));
-        (start.deadline, start.deadline_from_header)
+        (start.deadline, start.first_timeout)
     };
+    // The first attempt keeps the request's own `grpc-timeout` where it is the deadline,
+    // and carries the time left where it is not.
+    let left = |timeout| Some(crate::grpc_timeout::encode(timeout));
     let grpc = facts(&get, &grpc_headers, true);
-    assert_eq!(deadline_of(None, &grpc), (Some(now + secs(2)), true));
+    assert_eq!(deadline_of(None, &grpc), (Some(now + secs(2)), None));
     assert_eq!(
         deadline_of(Some(secs(1)), &grpc),
-        (Some(now + secs(1)), false)
+        (Some(now + secs(1)), left(secs(1)))
     );
     assert_eq!(
         deadline_of(Some(secs(3)), &grpc),
-        (Some(now + secs(2)), true)
+        (Some(now + secs(2)), None)
     );
-    // Not gRPC: its `grpc-timeout` is not the call's.
+    // Not gRPC: its `grpc-timeout` is not the call's, and none is sent.
     let http = facts(&get, &grpc_headers, false);
-    assert_eq!(deadline_of(None, &http), (None, false));
+    assert_eq!(deadline_of(None, &http), (None, None));
     assert_eq!(
         deadline_of(Some(secs(5)), &http),
-        (Some(now + secs(5)), false)
+        (Some(now + secs(5)), None)
     );
     let mut with_extension = facts(&get, &grpc_headers, true);
     with_extension.deadline = Some(now + ms(500));
     assert_eq!(
         deadline_of(Some(secs(1)), &with_extension),
-        (Some(now + ms(500)), false)
+        (Some(now + ms(500)), left(ms(500)))
     );
 }
 

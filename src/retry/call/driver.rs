@@ -17,7 +17,10 @@ use super::marks::{finish, no_result};
 use super::{Call, LayerShared, LazyRng};
 use crate::body::Replay;
 use crate::classify::AttemptResult;
-use crate::engine::{Action, Admission, AttemptId, Books, Dispatch, End, Engine, Inputs, Verdict};
+use crate::engine::{
+    Action, Admission, AttemptId, AttemptMarks, Books, Dispatch, End, Engine, Inputs, Readiness,
+    Verdict,
+};
 use crate::error::BoxError;
 use crate::error::{attempt_timed_out, deadline_exceeded};
 use crate::resets::Stop;
@@ -46,7 +49,7 @@ pin_project! {
         S: Service<Request<B>>,
         B: Replay,
     {
-        // The call's metrics are recorded once, when it ends: returned or dropped. A call
+        // The call's books are closed once, when it ends: returned or dropped. A call
         // dropped by its caller resets every attempt in flight, which the table's limit of
         // stream resets counts.
         fn drop(this: Pin<&mut Self>) {
@@ -56,14 +59,7 @@ pin_project! {
             if in_flight > 0 {
                 this.state.shared.policies.stream_resets().count_resets(in_flight);
             }
-            #[cfg(feature = "opentelemetry")]
-            {
-                let state = &**this.state;
-                let labels = |route: Option<&Arc<str>>, grpc, custom| {
-                    state.call.labels(grpc, route, custom)
-                };
-                state.engine.close(state.books(), labels);
-            }
+            this.state.close();
         }
     }
 }
@@ -88,23 +84,10 @@ where
     S: Service<Request<B>>,
     B: Replay,
 {
-    /// Where the call's books go.
-    fn books(&self) -> Books<'_> {
-        Books {
-            policies: &self.shared.policies,
-            route: self.route,
-            path: self.call.path(),
-        }
-    }
-
-    /// Posts what the engine recorded to the call's books.
-    fn report(&mut self) {
-        let books = Books {
-            policies: &self.shared.policies,
-            route: self.route,
-            path: self.call.path(),
-        };
-        self.engine.post(books);
+    /// Closes the call's books (see [`Engine::close`]): gives what its result carries.
+    fn close(&mut self) -> AttemptMarks {
+        let books = books(&self.shared, &self.call, self.planned.route);
+        self.engine.close(books)
     }
 
     /// Drops an answer the call does not return (a failure kept before a later one, an
@@ -136,12 +119,11 @@ where
         if stop == Stop::Reset {
             return;
         }
-        let stats = self.books().method_stats();
+        let stats = books(&self.shared, &self.call, self.planned.route).method_stats();
         stats.record_stop(stop);
         if let (Stop::Finish, Some(future)) = (stop, future) {
             tracing::debug!(attempt = id.send, "attempt let finish");
-            let deadline = self.engine.deadline().map(tokio::time::Instant::from_std);
-            crate::resets::let_finish(resets, future, deadline, stats);
+            crate::resets::let_finish(resets, future, self.planned.deadline, stats);
         }
     }
 }
@@ -175,9 +157,7 @@ where
     shared: Arc<LayerShared<S>>,
     call: Call<B>,
     engine: Engine,
-    // The route the call took (its place in the policy table), whose name its statistics are
-    // kept under (else its path).
-    route: Option<usize>,
+    planned: Planned,
     // The call's span and its attempts', if the call's span is enabled.
     spans: Option<Box<AttemptSpans>>,
 }
@@ -192,7 +172,7 @@ where
         shared: Arc<LayerShared<S>>,
         call: Call<B>,
         engine: Engine,
-        route: Option<usize>,
+        planned: Planned,
         span: tracing::Span,
     ) -> Box<Self> {
         Box::new(CallExtras {
@@ -201,7 +181,7 @@ where
             shared,
             call,
             engine,
-            route,
+            planned,
             spans: AttemptSpans::of_call(span),
         })
     }
@@ -212,12 +192,19 @@ where
     S: Service<Request<B>>,
     B: Replay,
 {
-    /// A call whose first attempt, `first`, was just sent.
-    pub(crate) fn new(first: S::Future, state: Box<CallExtras<S, B>>) -> Self {
+    /// A call whose first attempt, `first`, was just sent; the engine may stop that attempt
+    /// while it runs if `may_stop_first` (see [`Start::may_stop_first`]).
+    ///
+    /// [`Start::may_stop_first`]: crate::engine::Start::may_stop_first
+    pub(crate) fn new(
+        first: S::Future,
+        state: Box<CallExtras<S, B>>,
+        may_stop_first: bool,
+    ) -> Self {
         // Boxed only where it may have to be let finish.
         let paced = state.shared.policies.stream_resets().per_second().is_some();
         Driver {
-            first: First::new(first, paced && state.engine.may_stop_first()),
+            first: First::new(first, paced && may_stop_first),
             state,
         }
     }
@@ -246,8 +233,7 @@ where
             // Events in a fixed order: the timer (the deadline wins over an answer ready in
             // the same poll), the body's commit (seen before any answer), then the answers.
             if poll_timer(&mut this.state.timer, cx) {
-                inputs.reset();
-                this.state.engine.on_timer(&mut inputs);
+                inputs.timer_fired();
             }
             if let Poll::Ready(reader) = this.state.call.poll_committed(cx) {
                 this.state.engine.on_commit(reader);
@@ -344,16 +330,18 @@ where
                 Sent::NotReady => return None,
                 Sent::Failed(result) => return Some(Progress::Done(*result)),
             },
-            Action::Cancel => {
+            Action::Post(records) => {
+                let state = &**this.state;
+                books(&state.shared, &state.call, state.planned.route).post(&records);
+            }
+            Action::Cancel(kept) => {
                 let state = &mut **this.state;
-                let engine = &state.engine;
-                let live = |id: AttemptId| engine.is_live(id.send);
-                for (id, future) in take_attempts(this.first.as_mut(), &mut state.later, live) {
+                let keep = |id: AttemptId| Some(id) == kept;
+                for (id, future) in take_attempts(this.first.as_mut(), &mut state.later, keep) {
                     state.stop(id, future);
                 }
-                let engine = &state.engine;
                 if let Some(spans) = &mut state.spans {
-                    spans.cancelled(|send| !engine.is_live(send));
+                    spans.cancelled(|send| kept.is_none_or(|kept| kept.send != send));
                 }
             }
             Action::TimedOut(id) => {
@@ -365,7 +353,7 @@ where
                 if let Some(spans) = &mut this.state.spans {
                     spans.timed_out(id.send);
                 }
-                let error = attempt_timed_out(this.state.engine.grpc());
+                let error = attempt_timed_out(this.state.planned.grpc);
                 LaterAttempts::of(&mut this.state.later).last = Some(Err(error));
             }
             Action::End(end) => return Some(Progress::Done(end_call(this, end))),
@@ -373,8 +361,7 @@ where
                 if !arm(&mut this.state.timer, at, cx) {
                     return None;
                 }
-                inputs.reset();
-                this.state.engine.on_timer(inputs);
+                inputs.timer_fired();
             }
         }
     }
@@ -406,32 +393,39 @@ where
     B: Replay,
 {
     let state = &mut **this.state;
-    if let Some(not_sent) = poll_service(state, inputs, cx) {
-        return not_sent;
-    }
-    match state.engine.admit(send) {
+    let (readiness, error) = match poll_service(state, cx) {
+        Poll::Ready(Ok(())) => (Readiness::Ready, None),
+        Poll::Pending => (Readiness::Pending, None),
+        Poll::Ready(Err(error)) => (Readiness::Failed, Some(error)),
+    };
+    match state.engine.admit(send, readiness, inputs) {
         Admission::Send => {}
-        Admission::Refused => return Sent::No,
-        Admission::OverBudget => {
-            state.report();
+        Admission::Refused | Admission::OverBudget => return Sent::No,
+        // The engine's later times still run while the service is not ready.
+        Admission::Wait(at) if arm(&mut state.timer, at, cx) => {
+            inputs.timer_fired();
             return Sent::No;
         }
+        Admission::Wait(_) => return Sent::NotReady,
+        Admission::Failed => {
+            let error = error.expect("the service failed").into();
+            let result = finish(Err(error), state.close(), state.planned.grpc);
+            return Sent::Failed(Box::new(result));
+        }
     }
-    let sent = state.engine.attempts().sent();
-    let attempt_headers = state.engine.attempt_headers(send.number, inputs.now());
-    let Some((request, reader)) = state.call.request(send, sent, attempt_headers) else {
+    let Some((body, reader)) = state.call.copy_body() else {
         // The body committed itself while the call waited.
         if let Some(reader) = state.call.committed_reader() {
             state.engine.on_commit(reader);
         }
         return Sent::No;
     };
+    let (id, attempt_headers) = state.engine.on_sent(send, reader, inputs);
+    let request = state.call.request(body, id, send.hedge, attempt_headers);
     let later = state.later.as_mut().expect("made by poll_service");
     let service = later.service.as_mut().expect("polled ready above");
     let future = Box::pin(super::sending(|| service.call(request)));
-    let id = state.engine.on_sent(send, reader, inputs);
     later.attempts.push(Attempt { id, future });
-    state.report();
     crate::telemetry::hedge_sent(id.send, send.hedge && !send.transparent);
     if let Some(spans) = &mut state.spans {
         let fields = AttemptFields {
@@ -445,42 +439,23 @@ where
     Sent::Yes
 }
 
-/// Polls the call's own service (a clone of the layer's spare) ready; `None` once it is.
-fn poll_service<S, B, RB>(
+/// Polls the call's own service (a clone of the layer's spare) ready. A service that failed
+/// is not polled again.
+fn poll_service<S, B>(
     state: &mut CallExtras<S, B>,
-    inputs: &mut Inputs<'_>,
     cx: &mut Context<'_>,
-) -> Option<Sent<Box<Output<RB>>>>
+) -> Poll<Result<(), S::Error>>
 where
-    S: Service<Request<B>, Response = Response<RB>> + Clone,
-    S::Error: Into<BoxError>,
-    S::Future: Send + 'static,
-    RB: http_body::Body + Send + 'static,
+    S: Service<Request<B>> + Clone,
     B: Replay,
 {
     let later = LaterAttempts::of(&mut state.later);
     let service = later.service.get_or_insert_with(|| state.shared.service());
-    match service.poll_ready(cx) {
-        Poll::Ready(Ok(())) => None,
-        // The engine's later times still run while the service is not ready.
-        Poll::Pending if arm(&mut state.timer, state.engine.wake_after(inputs.now()), cx) => {
-            inputs.reset();
-            state.engine.on_timer(inputs);
-            Some(Sent::No)
-        }
-        Poll::Pending => Some(Sent::NotReady),
-        Poll::Ready(Err(error)) => {
-            // A service that failed is not polled again.
-            later.service = None;
-            if !state.engine.on_service_error() {
-                return Some(Sent::No);
-            }
-            let engine = &state.engine;
-            let (attempts, marks) = (engine.attempts(), engine.marks());
-            let result = finish(Err(error.into()), attempts, marks, engine.grpc());
-            Some(Sent::Failed(Box::new(result)))
-        }
+    let ready = service.poll_ready(cx);
+    if matches!(ready, Poll::Ready(Err(_))) {
+        later.service = None;
     }
+    ready
 }
 
 /// The call's result when no answer was returned.
@@ -498,12 +473,12 @@ where
         state.stop(id, future);
     }
     let last = state.later.take().and_then(|later| later.last);
-    let engine = &this.state.engine;
+    let grpc = state.planned.grpc;
     let result = match end {
         End::Last(_) => last.unwrap_or_else(|| Err(no_result())),
-        End::DeadlineExceeded => Err(deadline_exceeded(engine.grpc())),
+        End::DeadlineExceeded => Err(deadline_exceeded(grpc)),
     };
-    finish(result, engine.attempts(), engine.marks(), engine.grpc())
+    finish(result, state.close(), grpc)
 }
 
 /// Polls the call's timer; tells whether it has fired.
@@ -560,8 +535,8 @@ where
             .guard_of(error)
             .is_some()
         {
-            this.state
-                .books()
+            let state = &**this.state;
+            books(&state.shared, &state.call, state.planned.route)
                 .method_stats()
                 .record_reset_guard_failure();
         }
@@ -578,7 +553,6 @@ where
     if let Some(spans) = &mut state.spans {
         spans.answered(id.send, &outcome);
     }
-    state.report();
     match verdict {
         Verdict::Return => {
             // A call answered by its only attempt has nothing left to stop.
@@ -590,9 +564,7 @@ where
                 let earlier = state.later.take().and_then(|later| later.last);
                 state.drop_answer(earlier);
             }
-            let grpc = state.engine.grpc();
-            let engine = &state.engine;
-            Some(finish(result, engine.attempts(), engine.marks(), grpc))
+            Some(finish(result, state.close(), state.planned.grpc))
         }
         Verdict::Keep => {
             let earlier = LaterAttempts::of(&mut state.later).last.replace(result);
@@ -603,6 +575,32 @@ where
             state.drop_answer(Some(result));
             None
         }
+    }
+}
+
+/// What the driver keeps of the call's plan (see [`Start`](crate::engine::Start)).
+pub(crate) struct Planned {
+    pub(crate) grpc: bool,
+    pub(crate) deadline: Option<tokio::time::Instant>,
+    /// The route the call took (its place in the policy table), whose name its statistics
+    /// are kept under (else its path).
+    pub(crate) route: Option<usize>,
+}
+
+/// Where the books of `call` go (see [`Books`]).
+fn books<'a, S, B: Replay>(
+    shared: &'a LayerShared<S>,
+    call: &'a Call<B>,
+    route: Option<usize>,
+) -> Books<'a> {
+    Books {
+        policies: &shared.policies,
+        route,
+        path: call.path(),
+        #[cfg(feature = "opentelemetry")]
+        authority: call.authority(),
+        #[cfg(feature = "opentelemetry")]
+        extensions: Some(call.extensions()),
     }
 }
 

@@ -15,15 +15,14 @@ use crate::metadata::{Attempts, GRPC_PREVIOUS_RPC_ATTEMPTS_NAME};
 /// does not change the first time a call retries.
 pub(super) fn finish<RB>(
     result: Result<Response<RB>, BoxError>,
-    attempts: Attempts,
-    marks: Option<AttemptMarks>,
+    marks: AttemptMarks,
     grpc: bool,
 ) -> Result<Response<RB>, BoxError> {
     match result {
         Ok(mut response) => {
-            let Some(marks) = marks else {
+            if marks.attempts.sent() <= 1 {
                 return Ok(response);
-            };
+            }
             if grpc && marks.previous > 0 {
                 response.headers_mut().insert(
                     GRPC_PREVIOUS_RPC_ATTEMPTS_NAME,
@@ -33,10 +32,7 @@ pub(super) fn finish<RB>(
             response.extensions_mut().insert(marks.attempts);
             Ok(response)
         }
-        Err(error) => {
-            let previous = marks.map_or(0, |marks| marks.previous);
-            Err(mark_error(error, attempts, previous, grpc))
-        }
+        Err(error) => Err(mark_error(error, marks.attempts, marks.previous, grpc)),
     }
 }
 

@@ -18,7 +18,7 @@ pub use self::future::ResponseFuture;
 pub(crate) use self::handles::Handles;
 use crate::body::{BufferLimits, Copies, Replay};
 use crate::engine::{
-    self, BodyKind, CallFacts, CommitBody, Dispatch, Engine, Entrance, Mode, Start,
+    self, AttemptId, BodyKind, CallFacts, CommitBody, Engine, Entrance, Mode, Start,
 };
 use crate::grpc_timeout;
 use crate::metadata::{AttemptInfo, Deadline, GRPC_PREVIOUS_RPC_ATTEMPTS_NAME, TriedBackends};
@@ -144,46 +144,38 @@ fn drive<S, B>(
     inner: &mut S,
     shared: Arc<LayerShared<S>>,
     mut request: Request<B>,
-    start: Start,
+    mut start: Start,
     span: tracing::Span,
 ) -> ResponseFuture<S, B>
 where
     S: Service<Request<B>>,
     B: Replay,
 {
-    let grpc = start.rules.grpc;
-    if grpc
-        && !start.deadline_from_header
-        && let Some(deadline) = start.deadline
-    {
-        // The first attempt tells the server the call's deadline too. A request whose own
-        // `grpc-timeout` is the deadline keeps it: re-encoding it would only allocate.
-        let remaining = deadline.saturating_duration_since(Instant::now().into_std());
-        request.headers_mut().insert(
-            grpc_timeout::GRPC_TIMEOUT_NAME,
-            grpc_timeout::encode(remaining),
-        );
+    if let Some(timeout) = start.first_timeout.take() {
+        // The first attempt tells the server the call's deadline too.
+        request
+            .headers_mut()
+            .insert(grpc_timeout::GRPC_TIMEOUT_NAME, timeout);
     }
     let limits = shared.policies.buffer_limits();
     let (call, first, reader) = Call::start(request, limits, start.track_backends);
     let future = sending(|| inner.call(first));
     let body = call.body_kind();
-    ResponseFuture::driven(driver::Driver::new(
-        future,
-        driver::CallExtras::new(
-            shared,
-            call,
-            Engine::new(
-                start.rules,
-                start.deadline,
-                body,
-                reader,
-                start.first_sent_at,
-            ),
-            start.route,
-            span,
-        ),
-    ))
+    let may_stop_first = start.may_stop_first();
+    let facts = driver::Planned {
+        grpc: start.rules.grpc,
+        deadline: start.deadline.map(Instant::from_std),
+        route: start.route,
+    };
+    let engine = Engine::new(
+        start.rules,
+        start.deadline,
+        body,
+        reader,
+        start.first_sent_at,
+    );
+    let state = driver::CallExtras::new(shared, call, engine, facts, span);
+    ResponseFuture::driven(driver::Driver::new(future, state, may_stop_first))
 }
 
 /// The thread's random generator, taken only when the engine draws a jitter.
@@ -302,28 +294,24 @@ impl<B: Replay> Call<B> {
         self.head.uri.path()
     }
 
-    /// The metric labels of the call (a gRPC call when `grpc`), for the route named `route`
-    /// if it took one; with gRFC A108's custom label, read from the request's extensions,
-    /// when `custom`.
+    /// The request's authority, for the A96 metrics: its URI's, else its `Host` header.
     #[cfg(feature = "opentelemetry")]
-    pub(crate) fn labels(
-        &self,
-        grpc: bool,
-        route: Option<&Arc<str>>,
-        custom: bool,
-    ) -> crate::metrics::Labels {
-        // The request's authority: its URI's, else its `Host` header.
-        let authority = match self.head.uri.authority() {
+    pub(crate) fn authority(&self) -> Option<&str> {
+        match self.head.uri.authority() {
             Some(authority) => Some(authority.as_str()),
             None => self
                 .head
                 .headers
                 .get(http::header::HOST)
                 .and_then(|host| host.to_str().ok()),
-        };
-        // The copy of the extensions every attempt is made from: nothing kept for the label.
-        let extensions = custom.then_some(&self.head.extensions);
-        crate::metrics::Labels::of(self.path(), grpc, authority, route, extensions)
+        }
+    }
+
+    /// The extensions every attempt's request is made from (gRFC A108's custom label is read
+    /// from them).
+    #[cfg(feature = "opentelemetry")]
+    pub(crate) fn extensions(&self) -> &http::Extensions {
+        &self.head.extensions
     }
 
     /// Whether an attempt the call no longer needs can still send its whole request: if not,
@@ -353,19 +341,24 @@ impl<B: Replay> Call<B> {
         }
     }
 
-    /// The request for `send`, the call's attempt number `sent + 1`, and the id of its
-    /// body's reader; `None` when no new attempt may start (the body outgrew the buffer, or
-    /// could only be sent once).
+    /// A copy of the body for a new attempt, and the id of its reader; `None` when no new
+    /// attempt may start (the body outgrew the buffer, or could only be sent once).
+    pub(crate) fn copy_body(&mut self) -> Option<(B, u64)> {
+        match &self.body {
+            Body::Copies(copies) => copies.copy(),
+            Body::Spent => None,
+        }
+    }
+
+    /// The request of attempt `id` (a hedge when `hedge`), with `body` and the headers the
+    /// engine gave it.
     pub(crate) fn request(
-        &mut self,
-        send: Dispatch,
-        sent: u32,
+        &self,
+        body: B,
+        id: AttemptId,
+        hedge: bool,
         attempt_headers: engine::AttemptHeaders,
-    ) -> Option<(Request<B>, u64)> {
-        let (body, reader) = match &self.body {
-            Body::Copies(copies) => copies.copy()?,
-            Body::Spent => return None,
-        };
+    ) -> Request<B> {
         let mut request = self.head.request(body);
         let headers = request.headers_mut();
         if let Some(previous) = attempt_headers.previous {
@@ -376,11 +369,11 @@ impl<B: Replay> Call<B> {
         }
         let extensions = request.extensions_mut();
         extensions.insert(AttemptInfo {
-            number: sent + 1,
-            hedge: send.hedge,
+            number: id.send,
+            hedge,
         });
         extensions.insert(Driven);
-        Some((request, reader))
+        request
     }
 }
 
