@@ -270,7 +270,7 @@ pub use future::{NoReadyEndpoint, ResponseFuture};
 pub use outlier::OutlierMetrics;
 pub use outlier::{
     Ejection, EjectionReason, FailurePercentageEjection, OutlierDetection, OutlierDetectionBuilder,
-    OutlierDetectionError, OutlierRule, Outliers, SuccessRateEjection,
+    Outliers, SuccessRateEjection,
 };
 
 use std::fmt;
@@ -376,7 +376,7 @@ where
     /// let balance: Balance<_, Req> =
     ///     Balance::new(ServiceList::new([backend(), backend()])).outlier_detection(detection);
     /// # let _ = balance;
-    /// # Ok::<(), tower_retry_hedge::balance::OutlierDetectionError>(())
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn outlier_detection(mut self, config: OutlierDetection) -> Self {
         self.outliers = Detector::new(config);

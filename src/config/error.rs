@@ -6,6 +6,9 @@ use serde_json::Value;
 
 use super::{DurationError, MAX_DOCUMENT_BYTES};
 
+/// What a document is, in an error message, unless it says otherwise.
+const SERVICE_CONFIG: &str = "service config";
+
 /// The longest a value quoted in an error message may be, in characters.
 const MAX_QUOTED_CHARS: usize = 64;
 
@@ -51,7 +54,8 @@ pub enum Rule {
     /// A duration string is not a proto3 JSON duration (never
     /// [`DurationError::Negative`]: that is [`Rule::Negative`] or [`Rule::NotPositive`]).
     Duration(DurationError),
-    /// A backoff duration is zero or negative.
+    /// A duration that must be > 0 (a backoff, outlier detection's `interval`) is zero or
+    /// negative.
     NotPositive,
     /// A duration that must be >= 0 (`timeout`, `hedgingDelay`) is negative.
     Negative,
@@ -81,6 +85,10 @@ pub enum Rule {
     },
     /// `maxRequestMessageBytes` or `maxResponseMessageBytes` is not an integer >= 0.
     MessageBytes,
+    /// An outlier-detection integer is not in `[0, 4294967295]` (or has a fraction).
+    Uint32,
+    /// An outlier-detection percentage (or `threshold`) is above 100.
+    Percent,
     /// A key gRPC does not define in this object (refused only by
     /// [`ServiceConfig::from_json_strict`](super::ServiceConfig::from_json_strict); a
     /// plain parse ignores it and lists it in
@@ -131,6 +139,8 @@ impl fmt::Display for Rule {
                 "is a second default name (no service); the first is at {first}"
             ),
             Rule::MessageBytes => f.write_str("must be an integer >= 0"),
+            Rule::Uint32 => f.write_str("must be an unsigned 32-bit integer (0 to 4294967295)"),
+            Rule::Percent => f.write_str("must be at most 100"),
             Rule::UnknownField { suggestion } => {
                 f.write_str("is not a field of gRPC's service config")?;
                 match suggestion {
@@ -142,7 +152,9 @@ impl fmt::Display for Rule {
     }
 }
 
-/// A service config that breaks a rule: where (a JSON path such as
+/// A service config, or the outlier-detection config of its balancer
+/// ([`OutlierDetection::from_json`](crate::balance::OutlierDetection::from_json), feature
+/// `balance`), that breaks a rule: where (a JSON path such as
 /// `methodConfig[0].retryPolicy.maxAttempts`), which [`Rule`], and the offending value.
 ///
 /// A required field that is absent while a near miss of its name is present says so:
@@ -166,6 +178,8 @@ pub struct ConfigError {
     rule: Rule,
     got: Option<String>,
     near_miss: Option<Box<NearMiss>>,
+    /// What the document is, for an error of the document itself.
+    document: &'static str,
 }
 
 /// The key found where a required field is absent, and the field.
@@ -182,6 +196,7 @@ impl ConfigError {
             rule,
             got: None,
             near_miss: None,
+            document: SERVICE_CONFIG,
         }
     }
 
@@ -212,6 +227,7 @@ impl ConfigError {
             rule,
             got: Some(quote(value)),
             near_miss: None,
+            document: SERVICE_CONFIG,
         }
     }
 
@@ -224,6 +240,7 @@ impl ConfigError {
             },
             got: Some(format!("{len} bytes")),
             near_miss: None,
+            document: SERVICE_CONFIG,
         }
     }
 
@@ -240,6 +257,13 @@ impl ConfigError {
                 message,
             },
         )
+    }
+
+    /// This error, of a document that is `document` (such as `outlier detection config`).
+    #[cfg(feature = "balance")]
+    pub(super) fn of(mut self, document: &'static str) -> ConfigError {
+        self.document = document;
+        self
     }
 
     /// The JSON path of the offending value, such as `retryThrottling.maxTokens` or
@@ -287,7 +311,7 @@ impl ConfigError {
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.path.is_empty() {
-            write!(f, "service config: {}", self.rule)?;
+            write!(f, "{}: {}", self.document, self.rule)?;
         } else {
             write!(f, "{}: {}", self.path, self.rule)?;
         }

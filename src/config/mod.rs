@@ -259,6 +259,8 @@ mod duration;
 mod error;
 mod index;
 mod model;
+#[cfg(feature = "balance")]
+mod outlier;
 mod parse;
 mod policies;
 mod service_config;
@@ -272,9 +274,6 @@ pub use duration::DurationError;
 #[cfg(test)]
 pub(crate) use duration::format_duration;
 pub(crate) use duration::parse_duration;
-// The balancer's outlier-detection config quotes bad values the same way.
-#[cfg(feature = "balance")]
-pub(crate) use error::quote as quote_json;
 pub use error::{ConfigError, Rule};
 pub(crate) use model::{
     ConfigPolicy, HedgingPolicyConfig, MethodConfig, MethodName, RetryPolicyConfig, RetryThrottling,

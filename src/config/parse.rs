@@ -8,7 +8,8 @@ use serde_json::{Map, Number, Value};
 use super::index::Slot;
 use super::unknown::{UnknownKeys, fields, near_miss};
 use super::{
-    ConfigError, ConfigPolicy, DurationError, HedgingPolicyConfig, MAX_METHOD_CONFIGS, MAX_NAMES,
+    ConfigError, ConfigPolicy, DurationError, HedgingPolicyConfig, MAX_DOCUMENT_BYTES,
+    MAX_METHOD_CONFIGS, MAX_NAMES,
     MAX_STATUS_CODES, MethodConfig, MethodName, RetryPolicyConfig, RetryThrottling, Rule,
     ServiceConfig, parse_duration,
 };
@@ -67,7 +68,15 @@ pub(super) fn parse_service_config(
     Ok(config)
 }
 
-fn child(path: &str, key: &str) -> String {
+/// A JSON document of at most 1 MiB.
+pub(super) fn document(json: &str) -> Result<Value, ConfigError> {
+    if json.len() > MAX_DOCUMENT_BYTES {
+        return Err(ConfigError::document_too_large(json.len()));
+    }
+    serde_json::from_str(json).map_err(|e| ConfigError::from_json_error(&e))
+}
+
+pub(super) fn child(path: &str, key: &str) -> String {
     if path.is_empty() {
         key.to_owned()
     } else {
@@ -76,7 +85,7 @@ fn child(path: &str, key: &str) -> String {
 }
 
 /// A field of an object; `null` counts as absent, as in proto3 JSON.
-fn field<'a>(object: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
+pub(super) fn field<'a>(object: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
     object.get(key).filter(|value| !value.is_null())
 }
 
@@ -99,7 +108,10 @@ fn required<'a>(
     }
 }
 
-fn object<'a>(value: &'a Value, path: &str) -> Result<&'a Map<String, Value>, ConfigError> {
+pub(super) fn object<'a>(
+    value: &'a Value,
+    path: &str,
+) -> Result<&'a Map<String, Value>, ConfigError> {
     value.as_object().ok_or_else(|| {
         ConfigError::got(
             path,
@@ -181,14 +193,14 @@ fn duration(value: &Value, path: &str) -> Result<Result<Duration, ()>, ConfigErr
     }
 }
 
-fn positive_duration(value: &Value, path: &str) -> Result<Duration, ConfigError> {
+pub(super) fn positive_duration(value: &Value, path: &str) -> Result<Duration, ConfigError> {
     match duration(value, path)? {
         Ok(d) if !d.is_zero() => Ok(d),
         _ => Err(ConfigError::got(path, Rule::NotPositive, value)),
     }
 }
 
-fn non_negative_duration(value: &Value, path: &str) -> Result<Duration, ConfigError> {
+pub(super) fn non_negative_duration(value: &Value, path: &str) -> Result<Duration, ConfigError> {
     duration(value, path)?.map_err(|()| ConfigError::got(path, Rule::Negative, value))
 }
 

@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use super::index::{NameIndex, Slot};
 use super::{
-    ConfigError, IgnoredKey, MAX_DOCUMENT_BYTES, MethodConfig, RetryThrottling, parse, unknown,
+    ConfigError, IgnoredKey, MethodConfig, RetryThrottling, parse, unknown,
 };
 use crate::grpc_path;
 use crate::throttle::Throttle;
@@ -109,11 +109,7 @@ impl ServiceConfig {
     }
 
     fn parse_json(json: &str, strict: bool) -> Result<ServiceConfig, ConfigError> {
-        if json.len() > MAX_DOCUMENT_BYTES {
-            return Err(ConfigError::document_too_large(json.len()));
-        }
-        let value: Value =
-            serde_json::from_str(json).map_err(|e| ConfigError::from_json_error(&e))?;
+        let value = parse::document(json)?;
         if strict {
             ServiceConfig::from_value_strict(&value)
         } else {

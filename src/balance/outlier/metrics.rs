@@ -72,7 +72,7 @@ impl Unenforced {
 ///     .backend_service("greeter-backend");
 /// let detection = OutlierDetection::builder().metrics(metrics).build()?;
 /// # let _ = detection;
-/// # Ok::<(), tower_retry_hedge::balance::OutlierDetectionError>(())
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone)]
 pub struct OutlierMetrics {

@@ -1,8 +1,9 @@
 //! The balancer's outlier detection (gRFC A50), apart from the balancer:
 //!
 //! - the settings ([`OutlierDetection`]): A50's knobs, in code or from the JSON of gRPC's
-//!   `outlier_detection_experimental` policy, and the balancer's own (a run of consecutive
-//!   failures, how fast failures fade, which codes fail);
+//!   `outlier_detection_experimental` policy (read by the `config` module, with the service
+//!   config's readers and errors), and the balancer's own (a run of consecutive failures, how
+//!   fast failures fade, which codes fail);
 //! - `health`: what each backend's answers say, read as the layers read them;
 //! - `detector`: which backends are ejected, and when they come back;
 //! - `metrics`: the ejections on OpenTelemetry instruments.
@@ -15,17 +16,15 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::classify::{Code, GrpcCodes};
+use crate::error::BuildError;
 
 mod detector;
-mod error;
 pub(super) mod health;
-mod json;
 #[cfg(feature = "opentelemetry")]
 mod metrics;
 
 pub(super) use self::detector::Detector;
 pub use self::detector::{Ejection, EjectionReason, Outliers};
-pub use self::error::{OutlierDetectionError, OutlierRule};
 pub(super) use self::health::Health;
 #[cfg(feature = "opentelemetry")]
 pub use self::metrics::OutlierMetrics;
@@ -75,7 +74,7 @@ pub use self::metrics::OutlierMetrics;
 ///
 /// // None at all.
 /// assert!(!OutlierDetection::disabled().is_enabled());
-/// # Ok::<(), tower_retry_hedge::balance::OutlierDetectionError>(())
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Clone)]
 pub struct OutlierDetection {
@@ -181,6 +180,22 @@ impl Default for FailurePercentageEjection {
     }
 }
 
+impl OutlierDetection {
+    /// gRFC A50's defaults, which a JSON config starts from: an interval of 10 s, ejection
+    /// times of 30 s and 300 s, 10 %, and neither algorithm nor a run of consecutive failures
+    /// (the failure half-life and codes are the balancer's).
+    pub(crate) fn a50_defaults() -> OutlierDetection {
+        OutlierDetection {
+            interval: Duration::from_secs(10),
+            max_ejection_percent: 10,
+            success_rate: None,
+            failure_percentage: None,
+            consecutive_failures: None,
+            ..OutlierDetection::default()
+        }
+    }
+}
+
 impl Default for OutlierDetection {
     /// The balancer's defaults (see the table on [`OutlierDetection`]).
     fn default() -> Self {
@@ -214,7 +229,7 @@ impl OutlierDetection {
     ///
     /// let detection = OutlierDetection::builder().consecutive_failures(Some(3)).build()?;
     /// assert_eq!(detection.consecutive_failures(), Some(3));
-    /// # Ok::<(), tower_retry_hedge::balance::OutlierDetectionError>(())
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn builder() -> OutlierDetectionBuilder {
         OutlierDetectionBuilder {
@@ -247,7 +262,7 @@ impl OutlierDetection {
     /// // A50's knobs from the JSON, and the balancer's run of consecutive failures on top.
     /// let both = a50.to_builder().consecutive_failures(Some(5)).build()?;
     /// assert_eq!(both.consecutive_failures(), Some(5));
-    /// # Ok::<(), tower_retry_hedge::balance::OutlierDetectionError>(())
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn to_builder(&self) -> OutlierDetectionBuilder {
         OutlierDetectionBuilder {
@@ -330,7 +345,7 @@ impl OutlierDetection {
 ///     .failure_half_life(Duration::from_secs(5))
 ///     .build()?;
 /// assert_eq!(detection.success_rate(), Some(SuccessRateEjection::default()));
-/// # Ok::<(), tower_retry_hedge::balance::OutlierDetectionError>(())
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug, Clone)]
 pub struct OutlierDetectionBuilder {
@@ -419,57 +434,38 @@ impl OutlierDetectionBuilder {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tower_retry_hedge::balance::{OutlierDetection, OutlierRule};
+    /// use tower_retry_hedge::balance::OutlierDetection;
     ///
     /// let error = OutlierDetection::builder().interval(Duration::ZERO).build().unwrap_err();
     /// assert_eq!(error.field(), "interval");
-    /// assert_eq!(error.rule(), &OutlierRule::NotPositive);
+    /// assert_eq!(error.to_string(), "interval: must be a duration > 0");
     /// ```
-    pub fn build(self) -> Result<OutlierDetection, OutlierDetectionError> {
+    pub fn build(self) -> Result<OutlierDetection, BuildError> {
         let config = self.config;
         if config.interval.is_zero() {
-            return Err(OutlierDetectionError::new(
-                "interval",
-                OutlierRule::NotPositive,
-            ));
+            return Err(BuildError::new("interval", "must be a duration > 0"));
         }
         if config.failure_half_life.is_zero() {
-            return Err(OutlierDetectionError::new(
-                "failure_half_life",
-                OutlierRule::NotPositive,
-            ));
+            return Err(BuildError::new("failure_half_life", "must be a duration > 0"));
         }
-        let check_percent = |field: &'static str, value: u32| {
-            if value > 100 {
-                Err(OutlierDetectionError {
-                    field: field.to_owned(),
-                    rule: OutlierRule::Percent,
-                    got: Some(value.to_string()),
-                })
-            } else {
-                Ok(())
-            }
-        };
-        check_percent("max_ejection_percent", config.max_ejection_percent)?;
+        let mut percentages = vec![("max_ejection_percent", config.max_ejection_percent)];
         if let Some(success_rate) = config.success_rate {
-            check_percent(
-                "success_rate.enforcement_percentage",
-                success_rate.enforcement_percentage,
-            )?;
+            let enforcement = success_rate.enforcement_percentage;
+            percentages.push(("success_rate.enforcement_percentage", enforcement));
         }
         if let Some(failure_percentage) = config.failure_percentage {
-            check_percent("failure_percentage.threshold", failure_percentage.threshold)?;
-            check_percent(
-                "failure_percentage.enforcement_percentage",
-                failure_percentage.enforcement_percentage,
-            )?;
+            percentages.push(("failure_percentage.threshold", failure_percentage.threshold));
+            let enforcement = failure_percentage.enforcement_percentage;
+            percentages.push(("failure_percentage.enforcement_percentage", enforcement));
+        }
+        if let Some((field, _)) = percentages.into_iter().find(|(_, value)| *value > 100) {
+            return Err(BuildError::new(field, "must be at most 100"));
         }
         if config.consecutive_failures == Some(0) {
-            return Err(OutlierDetectionError {
-                field: "consecutive_failures".to_owned(),
-                rule: OutlierRule::AtLeastOne,
-                got: Some("0".to_owned()),
-            });
+            return Err(BuildError::new(
+                "consecutive_failures",
+                "must be at least 1 (None turns it off)",
+            ));
         }
         Ok(config)
     }
@@ -498,180 +494,6 @@ impl fmt::Debug for OutlierDetection {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn error(json: &str) -> (String, OutlierRule, String) {
-        let error = OutlierDetection::from_json(json).expect_err(json);
-        (
-            error.field().to_owned(),
-            error.rule().clone(),
-            error.to_string(),
-        )
-    }
-
-    #[test]
-    fn absent_fields_take_a50s_defaults() {
-        let config = OutlierDetection::from_json("{}").unwrap();
-        assert_eq!(config.interval(), Duration::from_secs(10));
-        assert_eq!(config.base_ejection_time(), Duration::from_secs(30));
-        assert_eq!(config.max_ejection_time(), Duration::from_secs(300));
-        assert_eq!(config.max_ejection_percent(), 10);
-        assert_eq!(config.success_rate(), None);
-        assert_eq!(config.failure_percentage(), None);
-        assert_eq!(config.consecutive_failures(), None);
-        let config = OutlierDetection::from_json(
-            r#"{"successRateEjection": {}, "failurePercentageEjection": null}"#,
-        )
-        .unwrap();
-        assert_eq!(config.success_rate(), Some(SuccessRateEjection::default()));
-        assert_eq!(config.failure_percentage(), None);
-        let config = OutlierDetection::from_json(
-            r#"{"outlier_detection_experimental": {"failurePercentageEjection": {}}}"#,
-        )
-        .unwrap();
-        assert_eq!(
-            config.failure_percentage(),
-            Some(FailurePercentageEjection::default())
-        );
-    }
-
-    #[test]
-    fn every_field_is_read() {
-        let config = OutlierDetection::from_json(
-            r#"{
-              "interval": "0.5s", "baseEjectionTime": "2s", "maxEjectionTime": "20s",
-              "maxEjectionPercent": 100,
-              "successRateEjection": {"stdevFactor": 1000, "enforcementPercentage": 50,
-                                      "minimumHosts": 2, "requestVolume": 7},
-              "failurePercentageEjection": {"threshold": "60", "enforcementPercentage": 1e2,
-                                            "minimumHosts": 1, "requestVolume": 3.0},
-              "childPolicy": [{"round_robin": {}}], "somethingNew": true
-            }"#,
-        )
-        .unwrap();
-        assert_eq!(config.interval(), Duration::from_millis(500));
-        assert_eq!(config.base_ejection_time(), Duration::from_secs(2));
-        assert_eq!(config.max_ejection_time(), Duration::from_secs(20));
-        assert_eq!(config.max_ejection_percent(), 100);
-        assert_eq!(
-            config.success_rate(),
-            Some(SuccessRateEjection {
-                stdev_factor: 1000,
-                enforcement_percentage: 50,
-                minimum_hosts: 2,
-                request_volume: 7
-            })
-        );
-        assert_eq!(
-            config.failure_percentage(),
-            Some(FailurePercentageEjection {
-                threshold: 60,
-                enforcement_percentage: 100,
-                minimum_hosts: 1,
-                request_volume: 3
-            })
-        );
-    }
-
-    #[test]
-    fn bad_values_name_the_field_and_the_rule() {
-        let cases: &[(&str, &str, &str)] = &[
-            (
-                "[]",
-                "",
-                "outlier detection config: must be an object, got an array",
-            ),
-            (
-                "{",
-                "",
-                "outlier detection config: invalid JSON at line 1 column 1: EOF while parsing an object",
-            ),
-            (
-                r#"{"interval": "0s"}"#,
-                "interval",
-                "interval: must be a duration > 0, got \"0s\"",
-            ),
-            (
-                r#"{"interval": 10}"#,
-                "interval",
-                "interval: must be a duration string such as \"10s\", got 10",
-            ),
-            (
-                r#"{"interval": "10"}"#,
-                "interval",
-                "interval: must be a proto3 JSON duration: duration must end with 's', got \"10\"",
-            ),
-            (
-                r#"{"maxEjectionTime": "1m"}"#,
-                "maxEjectionTime",
-                "maxEjectionTime: must be a proto3 JSON duration: duration must end with 's', got \"1m\"",
-            ),
-            (
-                r#"{"maxEjectionPercent": -1}"#,
-                "maxEjectionPercent",
-                "maxEjectionPercent: must be an unsigned 32-bit integer (0 to 4294967295), got -1",
-            ),
-            (
-                r#"{"maxEjectionPercent": 4294967296}"#,
-                "maxEjectionPercent",
-                "maxEjectionPercent: must be an unsigned 32-bit integer (0 to 4294967295), got 4294967296",
-            ),
-            (
-                r#"{"maxEjectionPercent": 1.5}"#,
-                "maxEjectionPercent",
-                "maxEjectionPercent: must be an unsigned 32-bit integer (0 to 4294967295), got 1.5",
-            ),
-            (
-                r#"{"maxEjectionPercent": "ten"}"#,
-                "maxEjectionPercent",
-                "maxEjectionPercent: must be an unsigned 32-bit integer (0 to 4294967295), got \"ten\"",
-            ),
-            (
-                r#"{"maxEjectionPercent": true}"#,
-                "maxEjectionPercent",
-                "maxEjectionPercent: must be an unsigned 32-bit integer, got true",
-            ),
-            (
-                r#"{"successRateEjection": []}"#,
-                "successRateEjection",
-                "successRateEjection: must be an object, got an array",
-            ),
-            (
-                r#"{"successRateEjection": {"enforcementPercentage": 101}}"#,
-                "successRateEjection.enforcementPercentage",
-                "successRateEjection.enforcementPercentage: must be at most 100, got 101",
-            ),
-            (
-                r#"{"failurePercentageEjection": {"threshold": 200}}"#,
-                "failurePercentageEjection.threshold",
-                "failurePercentageEjection.threshold: must be at most 100, got 200",
-            ),
-            (
-                r#"{"outlier_detection_experimental": {"failurePercentageEjection": {"requestVolume": {}}}}"#,
-                "outlier_detection_experimental.failurePercentageEjection.requestVolume",
-                "outlier_detection_experimental.failurePercentageEjection.requestVolume: must be an unsigned 32-bit integer, got an object",
-            ),
-            (
-                r#"{"outlier_detection_experimental": 3}"#,
-                "outlier_detection_experimental",
-                "outlier_detection_experimental: must be an object, got 3",
-            ),
-        ];
-        for (json, field, message) in cases {
-            let (got_field, _, got_message) = error(json);
-            assert_eq!(&got_field, field, "{json}");
-            assert_eq!(&got_message, message, "{json}");
-        }
-        let long = format!(
-            "{{\"interval\": \"{}\"}}",
-            "9".repeat(crate::config::MAX_DOCUMENT_BYTES)
-        );
-        assert!(matches!(
-            error(&long).1,
-            OutlierRule::DocumentTooLarge { .. }
-        ));
-        let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
-        assert!(matches!(error(&deep).1, OutlierRule::Json { .. }));
-    }
 
     #[test]
     fn the_builder_checks_its_values() {
