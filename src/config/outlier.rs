@@ -86,7 +86,11 @@ fn read(json: &str) -> Result<OutlierDetection, ConfigError> {
         let mut ejection = SuccessRateEjection::default();
         for (key, slot, max) in [
             ("stdevFactor", &mut ejection.stdev_factor, u32::MAX),
-            ("enforcementPercentage", &mut ejection.enforcement_percentage, 100),
+            (
+                "enforcementPercentage",
+                &mut ejection.enforcement_percentage,
+                100,
+            ),
             ("minimumHosts", &mut ejection.minimum_hosts, u32::MAX),
             ("requestVolume", &mut ejection.request_volume, u32::MAX),
         ] {
@@ -101,7 +105,11 @@ fn read(json: &str) -> Result<OutlierDetection, ConfigError> {
         let mut ejection = FailurePercentageEjection::default();
         for (key, slot, max) in [
             ("threshold", &mut ejection.threshold, 100),
-            ("enforcementPercentage", &mut ejection.enforcement_percentage, 100),
+            (
+                "enforcementPercentage",
+                &mut ejection.enforcement_percentage,
+                100,
+            ),
             ("minimumHosts", &mut ejection.minimum_hosts, u32::MAX),
             ("requestVolume", &mut ejection.request_volume, u32::MAX),
         ] {
@@ -328,14 +336,8 @@ mod tests {
             assert_eq!(&got_field, field, "{json}");
             assert_eq!(&got_message, message, "{json}");
         }
-        let long = format!(
-            "{{\"interval\": \"{}\"}}",
-            "9".repeat(MAX_DOCUMENT_BYTES)
-        );
-        assert!(matches!(
-            error(&long).1,
-            Rule::DocumentTooLarge { .. }
-        ));
+        let long = format!("{{\"interval\": \"{}\"}}", "9".repeat(MAX_DOCUMENT_BYTES));
+        assert!(matches!(error(&long).1, Rule::DocumentTooLarge { .. }));
         let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
         assert!(matches!(error(&deep).1, Rule::Json { .. }));
     }

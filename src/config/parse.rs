@@ -9,9 +9,8 @@ use super::index::Slot;
 use super::unknown::{UnknownKeys, fields, near_miss};
 use super::{
     ConfigError, ConfigPolicy, DurationError, HedgingPolicyConfig, MAX_DOCUMENT_BYTES,
-    MAX_METHOD_CONFIGS, MAX_NAMES,
-    MAX_STATUS_CODES, MethodConfig, MethodName, RetryPolicyConfig, RetryThrottling, Rule,
-    ServiceConfig, parse_duration,
+    MAX_METHOD_CONFIGS, MAX_NAMES, MAX_STATUS_CODES, MethodConfig, MethodName, RetryPolicyConfig,
+    RetryThrottling, Rule, ServiceConfig, parse_duration,
 };
 use crate::classify::{Code, GrpcCodes};
 

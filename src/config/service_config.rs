@@ -6,9 +6,7 @@ use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 
 use super::index::{NameIndex, Slot};
-use super::{
-    ConfigError, IgnoredKey, MethodConfig, RetryThrottling, parse, unknown,
-};
+use super::{ConfigError, IgnoredKey, MethodConfig, RetryThrottling, parse, unknown};
 use crate::grpc_path;
 use crate::throttle::Throttle;
 

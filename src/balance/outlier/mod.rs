@@ -446,7 +446,10 @@ impl OutlierDetectionBuilder {
             return Err(BuildError::new("interval", "must be a duration > 0"));
         }
         if config.failure_half_life.is_zero() {
-            return Err(BuildError::new("failure_half_life", "must be a duration > 0"));
+            return Err(BuildError::new(
+                "failure_half_life",
+                "must be a duration > 0",
+            ));
         }
         let mut percentages = vec![("max_ejection_percent", config.max_ejection_percent)];
         if let Some(success_rate) = config.success_rate {
