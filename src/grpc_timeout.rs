@@ -49,7 +49,9 @@
 //!
 //! let mut headers = HeaderMap::new();
 //! headers.insert("grpc-timeout", HeaderValue::from_static("2S"));
-//! let deadline = grpc_timeout::from_headers(&headers).unwrap_or(Duration::MAX);
+//! // The first value, as tonic's server and `HeaderMap::get` read it.
+//! let timeout = headers.get("grpc-timeout").and_then(grpc_timeout::parse);
+//! let deadline = timeout.unwrap_or(Duration::MAX);
 //!
 //! let elapsed = Duration::from_nanos(1_234_567_891);
 //! let remaining = deadline.saturating_sub(elapsed);
@@ -118,23 +120,10 @@ pub fn parse(value: &HeaderValue) -> Option<Duration> {
     })
 }
 
-/// Reads `grpc-timeout` from request headers: `None` if it is absent or invalid.
-///
-/// If the header appears more than once only the first value is read, as tonic's server
-/// and [`HeaderMap::get`] do, so a layer and the server it calls agree on the deadline.
-///
-/// ```
-/// use std::time::Duration;
-/// use http::{HeaderMap, HeaderName, HeaderValue};
-/// use tower_retry_hedge::grpc_timeout::from_headers;
-///
-/// let mut headers = HeaderMap::new();
-/// assert_eq!(from_headers(&headers), None);
-/// headers.append("grpc-timeout", HeaderValue::from_static("5S"));
-/// headers.append("grpc-timeout", HeaderValue::from_static("1S"));
-/// assert_eq!(from_headers(&headers), Some(Duration::from_secs(5)));
-/// ```
-pub fn from_headers(headers: &HeaderMap) -> Option<Duration> {
+/// Reads `grpc-timeout` from request headers: `None` if it is absent or invalid. Only the
+/// first value is read, as tonic's server and [`HeaderMap::get`] do, so a layer and the
+/// server it calls agree on the deadline.
+pub(crate) fn from_headers(headers: &HeaderMap) -> Option<Duration> {
     headers.get(GRPC_TIMEOUT_NAME).and_then(parse)
 }
 
@@ -213,6 +202,18 @@ mod tests {
 
     fn parse_str(s: &str) -> Option<Duration> {
         parse(&HeaderValue::from_str(s).unwrap())
+    }
+
+    #[test]
+    fn from_headers_reads_the_first_value() {
+        let mut headers = HeaderMap::new();
+        assert_eq!(from_headers(&headers), None);
+        headers.append(GRPC_TIMEOUT_NAME, HeaderValue::from_static("bad"));
+        headers.append(GRPC_TIMEOUT_NAME, HeaderValue::from_static("1S"));
+        assert_eq!(from_headers(&headers), None);
+        headers.insert(GRPC_TIMEOUT_NAME, HeaderValue::from_static("250m"));
+        headers.append(GRPC_TIMEOUT_NAME, HeaderValue::from_static("1S"));
+        assert_eq!(from_headers(&headers), Some(Duration::from_millis(250)));
     }
 
     #[test]

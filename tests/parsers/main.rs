@@ -9,7 +9,6 @@ use proptest::prelude::*;
 use tower_retry_hedge::grpc_timeout;
 use tower_retry_hedge::pushback::{Pushback, grpc_pushback, retry_after, retry_after_from_headers};
 
-const GRPC_TIMEOUT: &str = "grpc-timeout";
 const GRPC_RETRY_PUSHBACK_MS: &str = "grpc-retry-pushback-ms";
 /// The longest timeout `grpc-timeout` carries, `99999999H`.
 const MAX_TIMEOUT: Duration = Duration::from_secs(99_999_999 * 3600);
@@ -294,21 +293,6 @@ fn grpc_timeout_hostile_values_are_none() {
     let mut long = ten_kb(b'1');
     long.push(b'S');
     assert_eq!(timeout(&long), None);
-}
-
-#[test]
-fn grpc_timeout_from_headers_reads_the_first_value() {
-    let mut headers = HeaderMap::new();
-    assert_eq!(grpc_timeout::from_headers(&headers), None);
-    headers.append(GRPC_TIMEOUT, value(b"bad"));
-    headers.append(GRPC_TIMEOUT, value(b"1S"));
-    assert_eq!(grpc_timeout::from_headers(&headers), None);
-    headers.insert(GRPC_TIMEOUT, value(b"250m"));
-    headers.append(GRPC_TIMEOUT, value(b"1S"));
-    assert_eq!(
-        grpc_timeout::from_headers(&headers),
-        Some(Duration::from_millis(250))
-    );
 }
 
 #[test]
