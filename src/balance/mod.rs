@@ -1,119 +1,15 @@
 //! A load balancer that sends each attempt of a call to a backend the call has not tried, and
 //! stops sending attempts to a backend that keeps failing (feature `balance`).
 //!
-//! A retry that lands on the backend that just failed, or a hedge sent to the backend the
-//! first attempt is stuck on, buys nothing. tower's `p2c::Balance` and tonic's
-//! `Channel::balance_list` pick each attempt afresh: over 3 backends with one dead, 3
-//! attempts of a call all land on the dead one once in 27 calls. [`Balance`] reads the call's
-//! [`TriedBackends`] record and draws only among the endpoints the call has not tried (Envoy's
-//! `previous_hosts` retry predicate; grpc-java passes each attempt through its picker again).
-//!
-//! The record saves the calls whose first attempt reached a dead backend, but not what they
-//! cost: the first attempt is spent, and the retry throttle is debited. A backend that fails
-//! fast holds the fewest requests in flight, so power of two choices on load even favours it
-//! (a third to over 40 % of the first attempts over three backends), and under gRFC A6's
-//! throttle `{10, 0.1}` the bucket drains and calls fail. So the balancer also learns from
-//! each answer, and ejects outliers (see [Outlier detection](#outlier-detection)).
-//!
-//! # How it picks
-//!
-//! [`Balance`] is a tower [`Service`] over a [`tower::discover::Discover`] of endpoint
-//! services that measure their [`Load`] (wrap them in
-//! [`tower::load::PendingRequests`] or [`tower::load::PeakEwma`]). Endpoints are driven to
-//! readiness by tower's [`ReadyCache`], as in tower's own
-//! balancer. For each request:
-//!
-//! 1. Without a [`TriedBackends`] extension: power of two choices on load among the ready
-//!    endpoints in rotation (two drawn at random, the less loaded one takes the request), as
-//!    tower's `p2c::Balance` does, with recent failures weighed in (below).
-//! 2. With one: the same, drawn only among the endpoints in rotation whose [`BackendId`] the
-//!    record does not hold; when every one was tried, among all of them. Then the id of
-//!    the endpoint picked is added to the record, which every attempt of the call shares, so
-//!    the next attempt avoids it.
-//! 3. A hedge ([`AttemptInfo::hedge`]) whose call tried every endpoint in rotation goes to an
-//!    ejected one it has not tried, if one is ready: the tried ones hold the call's attempts
-//!    in flight, where a second attempt buys nothing. A retry follows failures, and the
-//!    backends in rotation it tried are still better bets than one ejected for failing.
-//!
-//! *In rotation* means not ejected by the outlier detection; when every ready endpoint is
-//! ejected (which the detection never does to every known one, but some may not be ready),
-//! all ready endpoints are in rotation rather than none.
-//!
-//! An endpoint's id is [`BackendId::of`] its discovery key (for [`BalancedChannel`], the
-//! endpoint's URI, or the key of its [`Change`](tonic::transport::channel::Change)).
-//!
-//! The choice is among *ready* endpoints: an untried endpoint that is not ready (its
-//! connection is being set up, or its buffer is full) is passed over in favour of a tried one
-//! that is, rather than holding the attempt back. tonic channels are ready at once: the
-//! balancer polls its endpoints outside tokio's task budget, which would otherwise hold one
-//! back after it took a request, under load for many picks.
+//! Why it remembers the backends a call tried, how it picks, and how it composes with the layers,
+//! tonic and discovery: [the guide's section on load balancing](crate::guide#load-balancing).
 //!
 //! # Outlier detection
 //!
 //! On by default ([`OutlierDetection::default()`]; [`Balance::outlier_detection`] and
-//! [`BalancedChannel::builder`] set other knobs, [`OutlierDetection::disabled()`] none). The
-//! balancer learns each backend's outcomes, classified as the layers classify attempts:
-//!
-//! - the `grpc-status` of a Trailers-Only response (status in the headers), or, for a gRPC
-//!   response that has begun, the `grpc-status` of its trailers, read as the body passes
-//!   through a [`ResponseBody`] (a body dropped before its end counts for nothing);
-//! - without a gRPC status, HTTP 5xx and 429 fail and anything else succeeds;
-//! - an error of the endpoint's service (a transport error) fails.
-//!
-//! A gRPC status fails when it is in [`failure_codes`](OutlierDetectionBuilder::failure_codes)
-//! (by default the codes whose HTTP mapping is a 5xx or 429, as Envoy counts gRPC answers;
-//! gRFC A50 counts every code but `OK`). Then:
-//!
-//! - **Recent failures weigh the choice.** Of the two endpoints drawn, the less loaded one
-//!   keeps the request with probability `w / w'` when its weight `w` is below the other's
-//!   `w'`, and leaves it to the other otherwise. A backend's weight is the lower of
-//!   `((s + 1) / (f + s + 1))²`, of its recent successes `s` and failures `f`, and
-//!   `1 / (1 + r)²`, of its run `r` of failures since its last success (up to 9); all fade by
-//!   half every [`failure_half_life`](OutlierDetectionBuilder::failure_half_life) (2 s). One
-//!   failure costs a backend three quarters of the draws it would win on load, five in a row
-//!   35 in 36: a backend that fails fast no longer looks least loaded, before any ejection.
-//!   The weight multiplies a probability rather than the load, so it works with any
-//!   [`Load`] metric (`PeakEwma`'s as `PendingRequests`'), and with every weight at 1 the
-//!   pick is tower's, draw for draw.
-//! - **A run of failures ejects at once** (Envoy's `consecutive_5xx`):
-//!   [`consecutive_failures`](OutlierDetectionBuilder::consecutive_failures) (5) answers in a
-//!   row, if another backend in rotation does well (its recent successes outnumber its
-//!   failures: a run of failures everywhere is no outlier).
-//! - **gRFC A50's algorithms run each [`interval`](OutlierDetectionBuilder::interval)** (1 s)
-//!   over the answers of the interval that ended: failure percentage (a backend with at least
-//!   `request_volume` answers, more than `threshold` % failed) and success rate (a backend
-//!   whose success rate is below `mean − stdev × stdev_factor / 1000`), each ejecting with
-//!   probability `enforcement_percentage` %.
-//! - **An ejection lasts** `base_ejection_time × times ejected`, at most
-//!   `max(base_ejection_time, max_ejection_time)` (30 s and 300 s); "times ejected" drops by
-//!   one each interval the backend stays in rotation, as in A50.
-//! - **At most [`max_ejection_percent`](OutlierDetectionBuilder::max_ejection_percent) % of
-//!   the known backends are out at once** (10 %), but one may always be (as Envoy allows, so
-//!   that one dead backend of three is ejected), and never all of them: with every backend
-//!   failing, calls fail as they would without the balancer.
-//! - **A backend comes back** at the balancer's first call after its ejection time (A50 waits
-//!   for the next interval), on probation: weighed as after one failure, a quarter of its
-//!   draws, until it answers well and earns its full share back.
-//!
-//! The detection runs on tokio's clock, inside `poll_ready`: there is no timer task, and a
-//! paused clock drives it as it drives the rest.
-//!
-//! Why these defaults: A50's interval (10 s) and minimum hosts (5) never eject one backend of
-//! three, and a balancer that waits for an interval sends attempts to a dead backend for
-//! seconds; under the A6 throttle `{10, 0.1}` the bucket is spent after five failures. The run
-//! of five failures ejects a dead backend within the first few calls it takes (over loopback,
-//! the first burst of concurrent calls), the weights keep it from taking more meanwhile, and
-//! the 1 s interval with a failure percentage over three hosts and 10 answers ejects a backend
-//! that fails most calls but not every one in a row. The ejection times and the 10 % share are
-//! A50's. [`OutlierDetection::from_json`] reads gRPC's `outlier_detection_experimental`
-//! config, with A50's defaults for what it leaves out.
-//!
-//! It shows: each ejection is a `tracing` event at `WARN` (`balance: backend ejected`, with
-//! the backend's key, its id, the reason, its failure rate, the ejection time and how many
-//! times in a row), each return one at `INFO`; [`Balance::outliers`] and
-//! [`BalancedChannel::outliers`] give an [`Outliers`] view of who is out and how many
-//! ejections there were; with the `opentelemetry` feature, [`OutlierMetrics`] counts
-//! ejections, and outliers left in rotation, on gRFC A91's two counters.
+//! [`BalancedChannel::builder`] set other knobs, [`OutlierDetection::disabled()`] none). What it
+//! counts as a failure, when it ejects and brings back a backend, why these defaults, and how it
+//! shows: [the guide's section on it](crate::guide#outlier-detection-in-the-balancer).
 //!
 //! # Turning the record on
 //!
@@ -137,9 +33,6 @@
 //! }
 //! # let _ = with_tried_backends(http::Request::new(()));
 //! ```
-//!
-//! A request without the record costs the balancer one extension lookup, and is balanced as
-//! tower balances.
 //!
 //! # Example
 //!
@@ -225,33 +118,6 @@
 //! # let _ = service;
 //! # }
 //! ```
-//!
-//! # How it composes
-//!
-//! - **tonic's balancer**: [`BalancedChannel`] replaces it, it does not stack on it. Each
-//!   endpoint is a plain tonic `Channel` to one backend; a channel made by
-//!   `Channel::balance_list` hides its backends, so as an endpoint of this balancer it would be
-//!   one backend that answers from several, and avoiding it would avoid all of them.
-//! - **`Clone`**: the retry and hedge layers clone their inner service for later attempts, and
-//!   [`Balance`] is not `Clone` (it owns the endpoints). Put a
-//!   [`tower::buffer::Buffer`] over it, as tonic does over its own balancer;
-//!   [`BalancedChannel`] does.
-//! - **Order**: the layers go above the balancer (one call, several attempts, each balanced);
-//!   a balancer above the layers would pick once per call.
-//! - **A throttle per authority**
-//!   ([`throttle_per_authority`](crate::policy::PoliciesBuilder::throttle_per_authority)): the
-//!   layers read the authority of the request *above* the balancer, the name of the service,
-//!   not of a backend, so one bucket counts the failures of the whole backend set, as gRFC A6
-//!   asks ("per server name"). The bucket counts every failure of a bad backend: without
-//!   outlier detection, one that fails every call drains the bucket all backends share, and
-//!   the throttle then stops retries to the healthy ones too. With it, the bad backend takes
-//!   a few attempts before it is out.
-//! - **Discovery**: an endpoint whose `poll_ready` fails is dropped, as tower's balancer drops
-//!   it, until discovery inserts it again; one discovery removes is forgotten, ejection and
-//!   all. An endpoint inserted again under its key keeps what the balancer learned of it.
-//! - **The response type**: [`Balance`] answers `http::Response<ResponseBody<B>>` for an
-//!   endpoint's `http::Response<B>` (the body unchanged, read through);
-//!   [`BalancedChannel`] answers tonic's `http::Response<tonic::body::Body>` as before.
 
 mod body;
 mod future;

@@ -47,13 +47,8 @@
 //! - However it commits, the call learns of it through [`ReplayBody::poll_committed`], woken
 //!   from whichever task made the commit, to cancel its other attempts.
 //!
-//! # Errors from the source
-//!
-//! The source's error is not `Clone`, and the retry layers need the original to classify
-//! it, so only the reader that hit the error receives it. The call is then committed to that
-//! reader (no attempt can send the whole body any more), the record is freed, and every other
-//! reader fails with a [`NotReplayable`] that carries the source error's message
-//! ([`NotReplayable::is_source_failure`]).
+//! An error from the source commits the call to the reader that hit it: see [the guide's section
+//! on errors from the source](crate::guide#replay-bodies-errors-from-the-source).
 //!
 //! # Memory
 //!

@@ -8,6 +8,10 @@
 //! model. Every violation is a [`ConfigError`] that names the JSON path and the rule broken,
 //! such as `methodConfig[0].retryPolicy.maxAttempts: must be an integer >= 2, got 1`.
 //!
+//! A second example (a hedging policy, a default and errors), unknown keys, the decisions taken
+//! where A6 leaves room and the limits on untrusted input are in [the guide's section on service
+//! config](crate::guide#service-config).
+//!
 //! # Example
 //!
 //! The configuration of the gRFC A6 document:
@@ -55,57 +59,12 @@
 //! # Ok::<(), tower_retry_hedge::config::ConfigError>(())
 //! ```
 //!
-//! A hedging policy for a whole service, a default for everything else, and errors:
-//!
-//! ```
-//! use std::time::Duration;
-//! use http::Method;
-//! use tower_retry_hedge::config::{Rule, ServiceConfig};
-//! use tower_retry_hedge::MethodPolicy;
-//!
-//! let json = r#"{
-//!   "methodConfig": [
-//!     { "name": [{ "service": "pkg.Search" }],
-//!       "hedgingPolicy": { "maxAttempts": 3, "hedgingDelay": "0.05s",
-//!                          "nonFatalStatusCodes": ["unavailable", 8] } },
-//!     { "name": [{}], "timeout": "2.5s", "waitForReady": true }
-//!   ]
-//! }"#;
-//! let config: ServiceConfig = json.parse()?;
-//! let policies = config.policies();
-//!
-//! match policies.lookup(&Method::POST, "/pkg.Search/Query") {
-//!     Some(MethodPolicy::Hedge(hedge)) => {
-//!         assert_eq!(hedge.max_attempts(), 3);
-//!         assert_eq!(hedge.delay().current(), Duration::from_millis(50));
-//!     }
-//!     other => panic!("expected hedging, got {other:?}"),
-//! }
-//!
-//! // The default has no retry or hedging policy: a deadline, and wait-for-ready.
-//! let other = policies.lookup(&Method::POST, "/pkg.Users/Get").expect("the default");
-//! assert!(matches!(other, MethodPolicy::WaitForReady(_)));
-//! assert_eq!(other.timeout(), Some(Duration::from_millis(2500)));
-//!
-//! let err = ServiceConfig::from_json(
-//!     r#"{"methodConfig": [{"name": [{}], "retryPolicy": {"maxAttempts": 1}}]}"#,
-//! )
-//! .unwrap_err();
-//! assert_eq!(err.path(), "methodConfig[0].retryPolicy.maxAttempts");
-//! assert_eq!(err.rule(), &Rule::MaxAttempts);
-//! assert_eq!(
-//!     err.to_string(),
-//!     "methodConfig[0].retryPolicy.maxAttempts: must be an integer >= 2, got 1"
-//! );
-//! # Ok::<(), tower_retry_hedge::config::ConfigError>(())
-//! ```
-//!
 //! # What is accepted
 //!
 //! * Top level: `methodConfig` and `retryThrottling` are read; every other field
 //!   gRPC defines (`loadBalancingPolicy`, `loadBalancingConfig`, `healthCheckConfig`,
 //!   ...) is accepted and ignored, as are keys gRPC does not define anywhere, as gRPC
-//!   does, but those are reported (see [Unknown keys](#unknown-keys)). Fields that
+//!   does, but those are reported (see [Unknown keys](crate::guide#unknown-keys)). Fields that
 //!   are read must have the right type. A field whose value is `null` counts as absent,
 //!   as in proto3 JSON. When an object repeats a key, the last value wins (as in
 //!   grpc-go).
@@ -134,50 +93,6 @@
 //!   `maxResponseMessageBytes` integers >= 0 (kept for callers; values above
 //!   `u64::MAX` saturate).
 //!
-//! # Unknown keys
-//!
-//! gRPC ignores keys it does not define, so a misspelt field is silent there: with
-//! `"hedgeDelay"` for `"hedgingDelay"` every hedge goes at once, and `"retryThrotling"`
-//! means no throttle at all. This crate ignores them too, so that the same JSON behaves as
-//! it does in grpc-go, but says so:
-//!
-//! * [`ServiceConfig::from_json`] logs them in one `WARN` event (message `service config:
-//!   unknown fields ignored`, fields `count` and `keys`, which names the first 10), and
-//!   [`ServiceConfig::ignored`] lists them as [`IgnoredKey`]s: the JSON path
-//!   (`methodConfig[0].hedgingPolicy.hedgeDelay`), the key, and, for a near miss, the field
-//!   it likely stands for (an edit distance, ignoring case, of at most a third of the
-//!   key's length: `hedgingDelay`; `maxAttempts` for `MaxAttempts` or `max_attempts`).
-//! * [`ServiceConfig::from_json_strict`] refuses them, with [`Rule::UnknownField`] and the
-//!   same path and suggestion.
-//! * A required field that is absent names the near miss that stands in its place:
-//!   `methodConfig[0].retryPolicy.maxAttempts: is required (found "maxAttempt": did you
-//!   mean maxAttempts?)`.
-//!
-//! A key is unknown only if gRPC's service config does not define it in that place: every
-//! field of `grpc/service_config/service_config.proto` is known, whether or not this crate
-//! uses it (`loadBalancingPolicy`, `loadBalancingConfig`, `healthCheckConfig.serviceName`,
-//! `connectionScaling.maxConnectionsPerSubchannel`, `waitForReady`, `timeout`,
-//! `maxRequestMessageBytes`, `maxResponseMessageBytes`, `name[].service` and
-//! `name[].method`), as is `retryPolicy.perAttemptRecvTimeout`, which grpc-java and C-core
-//! read. The contents of `loadBalancingConfig` belong to each load balancer and are not
-//! looked into.
-//!
-//! ```
-//! use tower_retry_hedge::config::ServiceConfig;
-//!
-//! let json = r#"{"methodConfig": [{
-//!     "name": [{"service": "pkg.Search"}],
-//!     "hedgingPolicy": {"maxAttempts": 3, "hedgeDelay": "0.05s"}
-//! }]}"#;
-//! let config = ServiceConfig::from_json(json)?; // and a WARN event
-//! assert_eq!(
-//!     config.ignored()[0].to_string(),
-//!     "methodConfig[0].hedgingPolicy.hedgeDelay (did you mean hedgingDelay?)"
-//! );
-//! assert!(ServiceConfig::from_json_strict(json).is_err());
-//! # Ok::<(), tower_retry_hedge::config::ConfigError>(())
-//! ```
-//!
 //! # Policies for the layers
 //!
 //! [`ServiceConfig::policies`] makes the [`Policies`](crate::Policies) table the layers
@@ -202,58 +117,6 @@
 //! # }
 //! # Ok::<(), tower_retry_hedge::config::ConfigError>(())
 //! ```
-//!
-//! # Decisions where A6 leaves room
-//!
-//! * **Integers written as floats.** `maxAttempts`, `maxTokens`, status codes and
-//!   message sizes are JSON numbers with an integral value: `2`, `2.0` and `2e0` are all
-//!   accepted, `2.5` is rejected. JSON has no separate integer type, and the protobuf
-//!   JSON parser and grpc-java accept `2.0` too (grpc-go and C-core reject it).
-//!   Numbers are never accepted as strings (`"2"`), as A6 asks for JSON numbers.
-//! * **Huge `maxAttempts`.** Any integer >= 2 is kept as given, saturated to
-//!   `u32::MAX`; the clamp to the client's cap (default 5) belongs to the layer, as A6
-//!   says values above the cap are "treated as" the cap, not rejected.
-//! * **`maxBackoff < initialBackoff`** is accepted: A6 does not forbid it, and the delay
-//!   `min(initialBackoff * multiplier^(n-1), maxBackoff)` is then always `maxBackoff`.
-//! * **`timeout: "0s"`** is valid and kept as `Some(Duration::ZERO)`: proto3 allows it
-//!   and A6 sets no lower bound. grpc-go and grpc-java apply it as a deadline that has
-//!   already expired; C-core reads 0 as "no timeout". The model keeps the value; the
-//!   layer decides.
-//! * **Durations** follow the proto3 JSON form exactly: an optional `-`, whole seconds,
-//!   optionally `.` and 1 to 9 digits, and `s`; no `+`, exponent, whitespace or leading
-//!   zeros, and at most 315 576 000 000 seconds (protobuf's 10 000 years).
-//!   `".5s"` and `"1.s"` are rejected. A6 says the numeric part "must be a valid JSON
-//!   number", which neither is, and the protobuf reference parser
-//!   (`json/internal/parser.cc`) rejects both too ("duration must start with an
-//!   integer", and a `.` must be followed by a digit). grpc-go accepts both and C-core
-//!   accepts `".5s"`.
-//! * **`tokenRatio`** is truncated on the shortest decimal form of the `f64` serde_json
-//!   reads (correctly rounded: the crate enables serde_json's `float_roundtrip`), so the
-//!   truncation is exact for any number written with up to 15 significant digits; only
-//!   longer ones such as `0.29999999999999999999` may read as the nearest float (0.3)
-//!   first. C-core truncates the text itself.
-//! * **`maxTokens: 10.5`** is rejected: A6's validation rules ask for an integer (and
-//!   C-core rejects it), although the comment in A6's schema speaks of "up to 3 decimal
-//!   places" for both throttling fields.
-//! * **Errors**: the first violation in document order is reported.
-//!
-//! # Limits on untrusted input
-//!
-//! A service config may come from DNS, so parsing never panics and its memory is
-//! bounded: a document longer than 1 MiB is refused before parsing,
-//! serde_json's recursion limit (128 levels) refuses deeper nesting, and
-//! at most 10 000 method configs, 10 000 names in all and 100 status codes per list.
-//! Values quoted in error messages are cut to 64 characters. Unknown keys cost a few
-//! string comparisons each; at most 100 are kept (the rest are counted),
-//! each cut to 64 characters, and only kept keys (or, for a missing field,
-//! at most 100 keys of its object) are searched for a near miss.
-//!
-//! The document is read into a `serde_json::Value` first, which costs more than the
-//! text: measured at up to 34 times the document's length at the peak for the worst
-//! shapes (`[[{}],[{}],...]`; 24 times for `[0,0,...]`), so about 34 MiB for a
-//! 1 MiB document, released when parsing ends. Callers with a tighter budget can
-//! refuse longer documents before calling [`ServiceConfig::from_json`]; real service
-//! configs are a few kilobytes.
 
 mod duration;
 mod error;

@@ -149,7 +149,7 @@ impl MethodConfig {
     }
 
     /// `timeout`: the default deadline of a call, across all its attempts. May be
-    /// zero (see the module docs).
+    /// zero (see the guide's "Decisions where A6 leaves room").
     pub(crate) fn timeout(&self) -> Option<Duration> {
         self.timeout
     }

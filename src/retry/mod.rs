@@ -2,35 +2,10 @@
 //!
 //! [`Retry`] looks up each request's policy in a [`Policies`] table and hands the call to
 //! the crate's one call engine, which applies every rule of A6 (the module docs of
-//! [`hedge`](crate::hedge) describe the same engine's hedging). For a method with a
-//! [`RetryPolicy`](crate::RetryPolicy):
-//!
-//! 1. The deadline is the earliest of the request's `grpc-timeout` (gRPC), the policy's
-//!    timeout and a [`Deadline`](crate::metadata::Deadline) extension. It spans every attempt
-//!    and every wait; each gRPC attempt carries the *remaining* time in `grpc-timeout`. When
-//!    it passes, the call ends: a gRPC call with the `tonic` feature returns
-//!    `Status::deadline_exceeded`, other calls [`DeadlineExceeded`].
-//! 2. The body is made replayable within the [`BufferLimits`](crate::body::BufferLimits);
-//!    one that cannot be (its size is known to be over the limit) is sent once, untouched,
-//!    and its call is never retried.
-//! 3. Attempt 1 is sent; attempt N+1 carries `grpc-previous-rpc-attempts: N` (transparent
-//!    retries are not counted).
-//! 4. The outcome is classified ([`classify`](crate::classify)). A success is returned and
-//!    credits the throttle. A response with ordinary headers (not Trailers-Only) commits the
-//!    call and is returned as it is.
-//! 5. A retryable failure debits the throttle; the call is retried only if attempts remain
-//!    (`maxAttempts`, clamped to the client cap), the body can still be replayed, the throttle
-//!    is above half, no pushback said stop, and the next attempt can start before the
-//!    deadline.
-//! 6. The wait is the server's pushback exactly when it gave one (and the backoff then
-//!    restarts from its first step), else the backoff schedule's next delay. When the wait
-//!    would reach the deadline, the call returns the last failure at once rather than
-//!    sleeping into a certain `DEADLINE_EXCEEDED`.
-//! 7. The last attempt's outcome is returned. After more than one attempt it carries an
-//!    [`Attempts`](crate::metadata::Attempts) extension and, for gRPC, the
-//!    `grpc-previous-rpc-attempts` of the retry attempts made; after one, neither (read it
-//!    with [`Attempts::of`](crate::metadata::Attempts::of)), so the success path allocates
-//!    nothing for it.
+//! [`hedge`](crate::hedge) describe the same engine's hedging). [The guide's section on how a
+//! retried call runs](crate::guide#how-a-retried-call-runs) walks through those rules, step by
+//! step, for a method with a [`RetryPolicy`](crate::RetryPolicy), and tells what becomes of an
+//! attempt that could not be sent.
 //!
 //! A method with a [`HedgePolicy`](crate::HedgePolicy) is hedged, never retried, whichever
 //! of the two layers meets its call first. A method without a policy still gets A6's
@@ -38,17 +13,6 @@
 //! [`transparent_retries(false)`](crate::policy::PoliciesBuilder::transparent_retries)) and
 //! credits the throttle when it succeeds; a method whose policy is only a timeout gets that
 //! deadline too.
-//!
-//! An attempt that could not be sent because no connection could be made is, as in gRPC, an
-//! `UNAVAILABLE` (HTTP: 503) failure for the policy: counted, backed off and throttled like
-//! any other, and retried whatever the HTTP method, since it never reached the server; a
-//! call without a policy fails at once. With gRPC's wait-for-ready
-//! ([`wait_for_ready`](crate::policy::RetryPolicyBuilder::wait_for_ready), or
-//! `"waitForReady": true` in service config) it is resent transparently, with backoff, until
-//! the deadline (or [`max_transparent_retries`](crate::policy::RetryPolicyBuilder::max_transparent_retries)
-//! times without one). A stream refused before the server's application saw it is resent
-//! once at once, then judged by the policy. Transparent resends count toward neither
-//! `maxAttempts` nor the throttle.
 //!
 //! Every error a call returns is one [`Attempted`](crate::error::Attempted) around the last
 //! attempt's error, whatever the number of attempts.
@@ -69,22 +33,9 @@
 //! a mark in their extensions. A layer that moves calls to another task, such as
 //! `tower::buffer::Buffer`, hides the first attempt: put it above both layers or below both.
 //!
-//! # `poll_ready` and cloned services
-//!
-//! The first attempt goes to the service that [`poll_ready`](tower_service::Service::poll_ready)
-//! made ready, which stays in `self` for the next call. At its first call the layer also keeps
-//! a spare clone of the service, shared by its calls; a call that retries clones the spare for
-//! its later attempts, and a call that does not clones nothing (a clone per call would cost a
-//! tonic `Channel` an allocation and a `poll_ready` from cold). The exception is a policy
-//! that hedges on its per-attempt timeout, whose calls take their clone at the start. Before each later attempt the
-//! future polls its clone ready, so a buffer or a concurrency limit below sees every attempt
-//! as a request of its own and no capacity is taken while the future waits out a backoff.
-//!
-//! Each clone of a [`Retry`] keeps its own spare, and its own references to the table's
-//! policies and throttle, made at its first call: calls through clones on different cores
-//! write nothing they share while they succeed (the throttle's bucket, budgets and latency
-//! windows stay one, shared by every clone). Clone the stack per task or per core, not per
-//! call: a clone's first call pays for making them.
+//! How later attempts use [`poll_ready`](tower_service::Service::poll_ready) and clones of the
+//! service, and what a clone of a [`Retry`] costs: [the guide's section on
+//! them](crate::guide#poll_ready-and-cloned-services).
 //!
 //! # Examples
 //!
@@ -162,8 +113,6 @@
 //! # Ok(())
 //! # }
 //! ```
-//!
-//! [`DeadlineExceeded`]: crate::error::DeadlineExceeded
 
 mod call;
 mod layer;
@@ -210,7 +159,8 @@ impl<S> Retry<S> {
     }
 
     /// The inner service, mutably. Later attempts are made on clones of the spare taken at
-    /// the first call (see [the module docs](self)), which a change made here does not reach.
+    /// the first call (see [the guide](crate::guide#poll_ready-and-cloned-services)), which a
+    /// change made here does not reach.
     pub fn get_mut(&mut self) -> &mut S {
         &mut self.inner
     }

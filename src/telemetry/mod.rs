@@ -100,11 +100,6 @@
 //! | `grpc.client.call.hedges` | `{hedge}` | hedges (counted attempts sent while others might be in flight) | 1, 2, 3, 4, 5 |
 //! | `grpc.client.call.retry_delay` | `s` | time with no attempt in flight before a later attempt was sent | gRFC A66's latency buckets, 0 to 100 s |
 //!
-//! As A96 says ("if there were no retries, 0 is not reported"), a count of zero is not
-//! recorded, and a call of a single attempt records nothing at all (as gRPC C-core does), so
-//! the success path costs a comparison. The retry delay is recorded for every call of more
-//! than one attempt.
-//!
 //! Each value carries gRFC A66's attributes, and A108's when asked for:
 //!
 //! - `grpc.method`: `package.Service/Method` (no leading `/`) for a gRPC call (content type
@@ -119,56 +114,8 @@
 //!   without one. It goes on the crate's `tower_retry_hedge.hedges_over_budget` counter too,
 //!   as A108 encourages for other per-call instruments.
 //!
-//! The boundaries are given to the SDK as advice (`with_boundaries`); a view may override
-//! them.
-//!
-//! ```
-//! # #[cfg(feature = "opentelemetry")]
-//! # fn main() {
-//! use opentelemetry::metrics::MeterProvider as _;
-//! use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMeterProvider};
-//! use tower_retry_hedge::telemetry::RetryMetrics;
-//! use tower_retry_hedge::Policies;
-//!
-//! let exporter = InMemoryMetricExporter::default();
-//! let provider = SdkMeterProvider::builder()
-//!     .with_reader(PeriodicReader::builder(exporter.clone()).build())
-//!     .build();
-//! let meter = provider.meter("tower-retry-hedge");
-//!
-//! // The meter alone: `grpc.target` is each request's authority.
-//! let policies = Policies::builder().metrics(&meter).build();
-//! // Or with the channel's target, as A66 defines it.
-//! let policies = Policies::builder()
-//!     .metrics(RetryMetrics::new(&meter).target("dns:///greeter.example.com:443"))
-//!     .build();
-//! # let _ = policies;
-//! # }
-//! # #[cfg(not(feature = "opentelemetry"))]
-//! # fn main() {}
-//! ```
-//!
-//! # State
-//!
-//! ```
-//! use tower_retry_hedge::config::ServiceConfig;
-//! use tower_retry_hedge::throttle::ThrottleState;
-//!
-//! let policies = ServiceConfig::from_json(r#"{
-//!   "methodConfig": [],
-//!   "retryThrottling": {"maxTokens": 10, "tokenRatio": 0.1}
-//! }"#)?
-//! .policies();
-//! match policies.throttle_state() {
-//!     Some(ThrottleState::Bucket { tokens, threshold, .. }) => {
-//!         assert_eq!((tokens, threshold), (10.0, 5.0)); // retries flow while tokens > threshold
-//!     }
-//!     other => panic!("an A6 bucket, not {other:?}"),
-//! }
-//! assert_eq!(policies.buffer_limits().in_use(), 0); // no body is being recorded
-//! assert!(policies.stats().snapshot().methods.is_empty()); // no retry yet
-//! # Ok::<(), Box<dyn std::error::Error>>(())
-//! ```
+//! Why a call of one attempt records nothing, the bucket boundaries, and examples of a meter and
+//! of the state: [the guide's section on telemetry](crate::guide#telemetry).
 
 #[cfg(feature = "opentelemetry")]
 #[cfg_attr(docsrs, doc(cfg(feature = "opentelemetry")))]
