@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use super::{AttemptMarks, Engine};
+use super::Engine;
 use crate::policy::Policies;
 use crate::stats::{MethodStats, Records};
 
@@ -42,18 +42,19 @@ impl Books<'_> {
 
 impl Engine {
     /// The call ends, returned or dropped: posts what the engine recorded since the last
-    /// [`Action::Post`](super::Action::Post), records the call in the table's A96 metrics,
-    /// and gives what its result carries. Only the first close posts and records; a call of
-    /// one attempt has nothing to post or record, and looks nothing up.
-    pub(crate) fn close(&mut self, books: Books<'_>) -> AttemptMarks {
+    /// [`Action::Post`](super::Action::Post) to the `books` made, and records the call in the
+    /// table's A96 metrics. Only the first close posts and records; a call of one attempt has
+    /// nothing to post or record, and makes no books.
+    pub(crate) fn close<'a>(&mut self, books: impl Fn() -> Books<'a>) {
         if std::mem::replace(&mut self.closed, true) {
-            return self.marks();
+            return;
         }
         if let Some(records) = self.take_records() {
-            books.post(&records);
+            books().post(&records);
         }
         #[cfg(feature = "opentelemetry")]
         if let Some(counts) = self.extra()
+            && let books = books()
             && let Some(metrics) = books.policies.metrics()
         {
             let route = books.route.map(|route| books.policies.route_name(route));
@@ -67,6 +68,5 @@ impl Engine {
             );
             metrics.record(&counts, &labels);
         }
-        self.marks()
     }
 }

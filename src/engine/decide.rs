@@ -44,7 +44,7 @@ impl Engine {
                     throttle.on_success();
                 }
                 tracing::debug!(attempt = attempt.send, reason = "success", "committed");
-                Verdict::Return
+                Verdict::Return(self.marks())
             }
             Outcome::Fatal(pushback) => {
                 if !self.claim(attempt, reader, body) {
@@ -62,7 +62,7 @@ impl Engine {
                     }
                 }
                 tracing::debug!(attempt = attempt.send, reason = "fatal", "committed");
-                Verdict::Return
+                Verdict::Return(self.marks())
             }
             Outcome::NotSent if self.rules.wait_for_ready => {
                 self.not_sent(attempt, inputs);
@@ -99,7 +99,7 @@ impl Engine {
                         return Verdict::Drop;
                     }
                     tracing::debug!(attempt = attempt.send, reason = "refused", "committed");
-                    return Verdict::Return;
+                    return Verdict::Return(self.marks());
                 }
                 self.answer(attempt, reader, outcome, result, body, inputs)
             }

@@ -21,7 +21,8 @@
 //! [`admit`](Engine::admit), [`on_sent`](Engine::on_sent), [`on_answer`](Engine::on_answer),
 //! [`on_commit`](Engine::on_commit) and [`close`](Engine::close). Everything else it needs
 //! comes with what those return: the attempt's headers with its send, the records to post
-//! with [`Action::Post`], the attempts and marks of the result from `close`.
+//! with [`Action::Post`], the marks of the result with the verdict or action that ends the
+//! call.
 //!
 //! The engine owns the whole call, including its most race-prone rule, the commit. It keeps
 //! the set of attempts in flight with the body reader of each, so a commit made by the body
@@ -111,8 +112,9 @@ pub(crate) enum Admission {
     /// The service is not ready: wake the call at this time too (the deadline, a timeout, a
     /// later send), if the service has not woken it first.
     Wait(Option<Instant>),
-    /// The service failed with nothing in flight: its error is the call's result.
-    Failed,
+    /// The service failed with nothing in flight: its error is the call's result, marked
+    /// so.
+    Failed(AttemptMarks),
 }
 
 /// How a call ends when no answer is returned.
@@ -139,8 +141,8 @@ pub(crate) enum Action {
     /// This attempt outlived its per-attempt timeout: drop it; its result is an "attempt
     /// timed out" failure, kept as the last one.
     TimedOut(AttemptId),
-    /// The call ends: drop every attempt and return this.
-    End(End),
+    /// The call ends: drop every attempt and return this, marked so.
+    End(End, AttemptMarks),
     /// Nothing to do until an attempt answers, the body commits, the service is ready, or
     /// this time comes.
     Wait(Option<Instant>),
@@ -149,8 +151,9 @@ pub(crate) enum Action {
 /// What to do with an attempt's result.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Verdict {
-    /// Return it now: the call is committed to this attempt; every other one is cancelled.
-    Return,
+    /// Return it now, marked so: the call is committed to this attempt; every other one is
+    /// cancelled.
+    Return(AttemptMarks),
     /// Keep it as the call's last failure, returned if nothing better comes.
     Keep,
     /// Drop it: it means nothing (an attempt cut off by a commit, or by the end of the call,
@@ -305,7 +308,8 @@ pub(crate) struct AttemptHeaders {
     pub(crate) timeout: Option<http::HeaderValue>,
 }
 
-/// What a call's result carries about its attempts, as [`Engine::close`] gives it.
+/// What a call's result carries about its attempts, as the engine gives it with the result
+/// ([`Verdict::Return`], [`Action::End`], [`Admission::Failed`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct AttemptMarks {
     /// Every attempt the call sent.
@@ -561,7 +565,9 @@ impl Engine {
         match service {
             Readiness::Ready => {}
             Readiness::Pending => return Admission::Wait(self.wake_after(inputs.now())),
-            Readiness::Failed if self.on_service_error() => return Admission::Failed,
+            Readiness::Failed if self.on_service_error() => {
+                return Admission::Failed(self.marks());
+            }
             Readiness::Failed => return Admission::Refused,
         }
         let Some(next) = self.next.as_mut().filter(|p| p.send == send) else {
@@ -770,7 +776,7 @@ impl Engine {
         }
         if let Some(end) = self.retry_state.as_mut().and_then(|t| t.ending.take()) {
             self.ended = true;
-            return Action::End(end);
+            return Action::End(end, self.marks());
         }
         if self.waits_on_answers_alone() {
             // Nothing here needs the time: a pending call's poll reads no clock.
@@ -800,7 +806,7 @@ impl Engine {
         }
         if self.live.is_empty() && self.scheduled().next().is_none() {
             self.ended = true;
-            return Action::End(self.last_end());
+            return Action::End(self.last_end(), self.marks());
         }
         Action::Wait(self.wake_at())
     }
@@ -898,7 +904,7 @@ impl Engine {
             return Verdict::Drop;
         };
         let verdict = self.answer(attempt, in_flight.reader, outcome, result, body, inputs);
-        if verdict == Verdict::Return {
+        if let Verdict::Return(_) = verdict {
             // An answer from the server is a latency; a transport error is not.
             let from_server = !matches!(result, AttemptResult::Error(_));
             if let (true, Some(delay), Some(sent_at)) =

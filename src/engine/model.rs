@@ -353,7 +353,7 @@ impl Model {
         let counted_hedge = self.budget.is_some() && send.hedge && !send.transparent;
         match admission {
             Admission::Refused => prop_assert_eq!(taken, 0, "a refused send took a hedge"),
-            Admission::Wait(_) | Admission::Failed => {
+            Admission::Wait(_) | Admission::Failed(_) => {
                 prop_assert!(false, "{:?} for a service that is ready", admission);
             }
             Admission::OverBudget => {
@@ -430,7 +430,7 @@ impl Model {
                     self.held.retain(|(a, _)| *a != id);
                     self.kept = Some(id);
                 }
-                Action::End(End::Last(id)) => {
+                Action::End(End::Last(id), _) => {
                     prop_assert!(!self.hedge_owed, "the call ended owing a hedge");
                     prop_assert_eq!(self.kept, Some(id), "the last failure is the kept one");
                     if let Some(Some(committed)) = self.committed_attempt {
@@ -439,7 +439,7 @@ impl Model {
                     prop_assert!(self.engine.has_ended());
                     self.end(Ended::Last(id))?;
                 }
-                Action::End(End::DeadlineExceeded) => self.end(Ended::DeadlineExceeded)?,
+                Action::End(End::DeadlineExceeded, _) => self.end(Ended::DeadlineExceeded)?,
                 Action::Wait(at) => {
                     prop_assert!(
                         !self.hedge_owed,
@@ -487,7 +487,7 @@ impl Model {
                     prop_assert_eq!(verdict, Verdict::Drop, "an answer of a cut-off attempt");
                 }
                 match verdict {
-                    Verdict::Return => {
+                    Verdict::Return(_) => {
                         if let Some(Some(committed)) = self.committed_attempt {
                             prop_assert_eq!(committed, id, "returned another attempt");
                         }
@@ -567,7 +567,7 @@ impl Model {
                         self.stopped = true;
                         self.hedge_owed = false;
                         let admission = self.inputs(|e, i| e.admit(send, Readiness::Failed, i));
-                        if admission == Admission::Failed {
+                        if let Admission::Failed(_) = admission {
                             prop_assert!(self.held.is_empty());
                             self.end(Ended::ServiceError)?;
                             return Ok(());

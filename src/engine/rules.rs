@@ -174,9 +174,8 @@ pub(crate) struct Start {
     /// Its rules, with the throttle the driver looked up (the layers' by authority).
     pub(crate) rules: Rules,
     pub(crate) deadline: Option<Instant>,
-    /// The `grpc-timeout` the first attempt of a gRPC call carries: the call's time left.
-    /// `None` where the request's own `grpc-timeout` is the deadline, which it keeps.
-    pub(crate) first_timeout: Option<http::HeaderValue>,
+    /// The request's own `grpc-timeout` is the deadline: the first attempt keeps it.
+    deadline_from_header: bool,
     /// The call keeps a record of the backends its attempts tried.
     pub(crate) track_backends: bool,
     /// When its first attempt goes, read only for an adaptive hedging delay, which learns
@@ -187,6 +186,18 @@ pub(crate) struct Start {
 }
 
 impl Start {
+    /// The `grpc-timeout` the first attempt of a gRPC call carries: the call's time left,
+    /// read from `now` (only where there is one). `None` where the request's own
+    /// `grpc-timeout` is the deadline, which it keeps (re-encoding it would only allocate).
+    pub(crate) fn first_timeout(&self, now: impl FnOnce() -> Instant) -> Option<http::HeaderValue> {
+        let deadline = self
+            .deadline
+            .filter(|_| self.rules.grpc && !self.deadline_from_header)?;
+        Some(crate::grpc_timeout::encode(
+            deadline.saturating_duration_since(now()),
+        ))
+    }
+
     /// Whether the engine may stop the first attempt while it runs: a hedging policy (a
     /// hedge that wins stops it), a deadline, or a per-attempt timeout. The driver keeps
     /// such a first attempt where it can be let finish on a task of its own.
@@ -245,12 +256,6 @@ pub(crate) fn plan(
     let track_backends =
         table.track_backends || matches!(&mode, Mode::Hedge(policy, _) if policy.track_backends);
     let (deadline, deadline_from_header) = deadline(call, timeout, &mut now);
-    let first_timeout = match deadline {
-        Some(deadline) if call.grpc && !deadline_from_header => Some(crate::grpc_timeout::encode(
-            deadline.saturating_duration_since(now()),
-        )),
-        _ => None,
-    };
     let first_sent_at = match &mode {
         Mode::Hedge(policy, _) if policy.delay.is_adaptive() => Some(now()),
         _ => None,
@@ -266,7 +271,7 @@ pub(crate) fn plan(
             wait_for_ready,
         },
         deadline,
-        first_timeout,
+        deadline_from_header,
         track_backends,
         first_sent_at,
         route,

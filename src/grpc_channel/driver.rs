@@ -162,7 +162,7 @@ where
         let hedged = matches!(start.rules.mode, Mode::Hedge(..));
         let first_headers = AttemptHeaders {
             previous: None,
-            timeout: start.first_timeout,
+            timeout: start.first_timeout(|| tokio::time::Instant::now().into_std()),
         };
         let engine = Engine::new(
             start.rules,
@@ -268,17 +268,17 @@ where
                     let trailers = status(StatusCodeError::DeadlineExceeded, "attempt timed out");
                     self.last = Some((id, Answer::ended(trailers)));
                 }
-                Action::End(End::Last(id)) => {
+                Action::End(End::Last(id), marks) => {
                     return Ok(match self.last.take() {
-                        Some((kept, answered)) if kept == id => self.answer(answered),
+                        Some((kept, answered)) if kept == id => self.answer(answered, marks),
                         _ => Answer::ended(status(
                             StatusCodeError::Unavailable,
                             "the call ended with no answer kept",
                         )),
                     });
                 }
-                Action::End(End::DeadlineExceeded) => {
-                    let marks = self.close();
+                Action::End(End::DeadlineExceeded, marks) => {
+                    self.close();
                     let attempts = marks.attempts.sent();
                     let message = format!("deadline exceeded after {attempts} attempt(s)");
                     let trailers = status(StatusCodeError::DeadlineExceeded, &message);
@@ -418,7 +418,7 @@ where
         };
         let (verdict, _) = self.engine.on_answer(id, view, &self.body, inputs);
         match verdict {
-            Verdict::Return => Some(self.answer(answered)),
+            Verdict::Return(marks) => Some(self.answer(answered, marks)),
             Verdict::Keep => {
                 self.last = Some((id, answered));
                 None
@@ -428,24 +428,30 @@ where
     }
 
     /// The decision that hands an attempt's answer to the application, marked with the
-    /// retry attempts made. An answer in trailers ends the call: its sender stops, and with
-    /// it the last reader of the messages.
-    fn answer(&mut self, mut answered: Answer<I::RecvStream>) -> Answer<I::RecvStream> {
+    /// retry attempts made (`marks`); the call's books close with it. An answer in trailers
+    /// ends the call: its sender stops, and with it the last reader of the messages.
+    fn answer(
+        &mut self,
+        mut answered: Answer<I::RecvStream>,
+        marks: AttemptMarks,
+    ) -> Answer<I::RecvStream> {
         self.attempts.clear();
         if matches!(answered.first, ResponseStreamItem::Trailers(_)) {
             answered.sender = None;
         } else {
             answered.deadline = self.deadline;
         }
-        marked(answered, self.close())
+        self.close();
+        marked(answered, marks)
     }
 }
 
 impl<I: Invoke> GrpcCall<I> {
-    /// Closes the call's books (see [`Engine::close`]): gives what its answer carries.
-    fn close(&mut self) -> AttemptMarks {
-        let books = books(&self.handles, self.route, self.headers.method_name());
-        self.engine.close(books)
+    /// Closes the call's books (see [`Engine::close`]).
+    fn close(&mut self) {
+        let (handles, headers) = (&self.handles, &self.headers);
+        self.engine
+            .close(|| books(handles, self.route, headers.method_name()))
     }
 }
 

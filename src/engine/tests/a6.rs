@@ -169,8 +169,8 @@ fn the_deadline_ends_the_call() {
         Action::Wait(Some(t.at(ms(50))))
     );
     assert_eq!(
-        poll(&mut engine, t.at(ms(50))),
-        Action::End(End::DeadlineExceeded)
+        ended(poll(&mut engine, t.at(ms(50)))),
+        Some(End::DeadlineExceeded)
     );
 }
 

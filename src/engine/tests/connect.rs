@@ -38,8 +38,8 @@ fn without_wait_for_ready_a_never_sent_attempt_is_an_unavailable_failure_for_the
     );
     // maxAttempts reached.
     assert_eq!(
-        poll(&mut engine, t0() + ms(300)),
-        Action::End(End::Last(third))
+        ended(poll(&mut engine, t0() + ms(300))),
+        Some(End::Last(third))
     );
     assert_eq!(engine.attempts(), Attempts::new(3, 0));
 }
@@ -258,8 +258,8 @@ fn after_a_refused_backup_every_non_fatal_failure_still_sends_the_next_hedge() {
         Verdict::Keep
     );
     assert_eq!(
-        poll(&mut engine, t0() + ms(30)),
-        Action::End(End::Last(attempt))
+        ended(poll(&mut engine, t0() + ms(30))),
+        Some(End::Last(attempt))
     );
 }
 
@@ -293,8 +293,8 @@ fn a_refused_backup_leaves_the_fatal_and_pushback_rules_as_they_were() {
         Verdict::Keep
     );
     assert_eq!(
-        poll(&mut engine, t0() + ms(20)),
-        Action::End(End::Last(AttemptId::FIRST))
+        ended(poll(&mut engine, t0() + ms(20))),
+        Some(End::Last(AttemptId::FIRST))
     );
 }
 

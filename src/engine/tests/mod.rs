@@ -10,6 +10,8 @@ use rand::SeedableRng;
 use rand::rngs::SmallRng;
 
 use super::*;
+// The rules' verdicts, without the marks a returned answer carries (`seams` checks them).
+use self::plain::Verdict;
 use crate::backoff::{Exponential, Jitter};
 use crate::classify::{Code, GrpcCodes};
 use crate::policy::{HedgePolicy, MethodPolicy, RetryDecision, RetryPolicy, ThrottleHandle};
@@ -20,6 +22,26 @@ mod a6;
 mod connect;
 mod plan;
 mod seams;
+
+mod plain {
+    /// [`super::super::Verdict`], without the marks of a returned answer.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub(super) enum Verdict {
+        Return,
+        Keep,
+        Drop,
+    }
+
+    impl From<super::super::Verdict> for Verdict {
+        fn from(verdict: super::super::Verdict) -> Verdict {
+            match verdict {
+                super::super::Verdict::Return(_) => Verdict::Return,
+                super::super::Verdict::Keep => Verdict::Keep,
+                super::super::Verdict::Drop => Verdict::Drop,
+            }
+        }
+    }
+}
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -80,7 +102,9 @@ fn answer(engine: &mut Engine, id: AttemptId, outcome: Outcome, now: Instant) ->
         headers: &headers,
     };
     at(now, |inputs| {
-        engine.on_outcome(id, outcome, result, &Unrecorded, inputs)
+        engine
+            .on_outcome(id, outcome, result, &Unrecorded, inputs)
+            .into()
     })
 }
 
@@ -97,8 +121,16 @@ fn engine_of(rules: Rules, deadline: Option<Instant>) -> Engine {
     Engine::new(rules, deadline, BodyKind::Clones, 1, None)
 }
 
+/// How the call ends, if `action` ends it.
+fn ended(action: Action) -> Option<End> {
+    match action {
+        Action::End(end, _) => Some(end),
+        _ => None,
+    }
+}
+
 fn ends_with_last(action: Action) -> bool {
-    matches!(action, Action::End(End::Last(_)))
+    matches!(action, Action::End(End::Last(_), _))
 }
 
 fn retry_policy(
@@ -171,7 +203,7 @@ fn answer_with(
         headers: &headers,
     };
     at(t0(), |inputs| {
-        engine.on_outcome(id, outcome, result, body, inputs)
+        engine.on_outcome(id, outcome, result, body, inputs).into()
     })
 }
 
@@ -182,7 +214,7 @@ fn fails_at_once_with_its_first_attempt(engine: &mut Engine) {
         answer(engine, AttemptId::FIRST, RETRYABLE, t0()),
         Verdict::Keep
     );
-    assert_eq!(poll(engine, t0()), Action::End(End::Last(AttemptId::FIRST)));
+    assert_eq!(ended(poll(engine, t0())), Some(End::Last(AttemptId::FIRST)));
 }
 
 fn recorded(rules: Rules, deadline: Option<Instant>) -> Engine {

@@ -110,7 +110,7 @@ fn the_deadline_is_the_earliest_of_header_timeout_and_extension() {
     let deadline_of = |timeout: Option<Duration>, call: &CallFacts<'_>| {
         let policy = timeout.map(MethodPolicy::Timeout);
         let start = drive(plan(policy, &TABLE, call, None, None, &read));
-        (start.deadline, start.first_timeout)
+        (start.deadline, start.first_timeout(|| now))
     };
     // The first attempt keeps the request's own `grpc-timeout` where it is the deadline,
     // and carries the time left where it is not.

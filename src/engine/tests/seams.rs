@@ -26,7 +26,7 @@ fn a_hedged_call_committed_to_one_attempt_ends_when_it_and_another_fail_together
     assert_eq!(answer(&mut engine, second, RETRYABLE, t0()), Verdict::Keep);
     // The attempt committed to has answered: every other one goes.
     assert_eq!(poll(&mut engine, t0()), Action::Cancel(None));
-    assert_eq!(poll(&mut engine, t0()), Action::End(End::Last(second)));
+    assert_eq!(ended(poll(&mut engine, t0())), Some(End::Last(second)));
 }
 
 #[test]
@@ -106,11 +106,7 @@ fn the_result_carries_its_own_attempts_count_transparent_resends_excluded() {
         panic!()
     };
     let second = sent(&mut engine, resend, t0() + ms(100));
-    assert_eq!(
-        answer(&mut engine, second, Outcome::Success, t0() + ms(100)),
-        Verdict::Return
-    );
-    let marks = engine.marks();
+    let marks = returned(&mut engine, second);
     assert_eq!((marks.attempts, marks.previous), (Attempts::new(2, 1), 0));
     // A hedged call's result counts every attempt made (A6), though the second of three
     // counted attempts won.
@@ -122,11 +118,23 @@ fn the_result_carries_its_own_attempts_count_transparent_resends_excluded() {
         };
         ids.push(sent(&mut engine, send, t0()));
     }
-    assert_eq!(
-        answer(&mut engine, ids[1], Outcome::Success, t0()),
-        Verdict::Return
-    );
-    assert_eq!(engine.marks().previous, 2);
+    assert_eq!(returned(&mut engine, ids[1]).previous, 2);
+}
+
+/// The marks the answer of `id`, a success, is returned with.
+fn returned(engine: &mut Engine, id: AttemptId) -> AttemptMarks {
+    let headers = HeaderMap::new();
+    let result = AttemptResult::Response {
+        status: StatusCode::OK,
+        headers: &headers,
+    };
+    let verdict = at(t0() + ms(100), |inputs| {
+        engine.on_outcome(id, Outcome::Success, result, &Unrecorded, inputs)
+    });
+    let crate::engine::Verdict::Return(marks) = verdict else {
+        panic!("{verdict:?} is not a return")
+    };
+    marks
 }
 
 #[test]
@@ -141,8 +149,8 @@ fn a_hedge_that_cannot_start_before_the_deadline_fails_the_call_at_once() {
     // The next hedge would go at 90 ms, past the 50 ms deadline: nothing in flight, so the
     // failure is returned now rather than at the deadline.
     assert_eq!(
-        poll(&mut engine, t0() + ms(10)),
-        Action::End(End::Last(AttemptId::FIRST))
+        ended(poll(&mut engine, t0() + ms(10))),
+        Some(End::Last(AttemptId::FIRST))
     );
 }
 
@@ -208,18 +216,18 @@ fn the_deadline_wins_over_an_answer_ready_in_the_same_poll() {
     };
     let verdict = at(t0() + ms(50), |inputs| {
         inputs.timer_fired();
-        engine.on_outcome(
+        Verdict::from(engine.on_outcome(
             AttemptId::FIRST,
             Outcome::Success,
             result,
             &Unrecorded,
             inputs,
-        )
+        ))
     });
     assert_eq!(verdict, Verdict::Drop);
     assert_eq!(
-        poll(&mut engine, t0() + ms(50)),
-        Action::End(End::DeadlineExceeded)
+        ended(poll(&mut engine, t0() + ms(50))),
+        Some(End::DeadlineExceeded)
     );
 }
 
@@ -337,7 +345,8 @@ fn the_engine_classifies_an_answer_by_the_call_s_policy() {
             headers: &headers,
         };
         at(now, |inputs| {
-            engine.on_answer(id, result, &Unrecorded, inputs)
+            let (verdict, outcome) = engine.on_answer(id, result, &Unrecorded, inputs);
+            (Verdict::from(verdict), outcome)
         })
     };
     // UNAVAILABLE is in the policy's retryable codes: kept, and retried.
@@ -398,13 +407,13 @@ fn the_engine_feeds_an_adaptive_delay_the_latency_of_the_answer_it_returns() {
     let delay = adaptive();
     let mut engine = Engine::new(hedged(&delay), None, BodyKind::Clones, 1, Some(start));
     let verdict = at(start + ms(40), |inputs| {
-        engine.on_outcome(
+        Verdict::from(engine.on_outcome(
             AttemptId::FIRST,
             Outcome::Success,
             response,
             &Unrecorded,
             inputs,
-        )
+        ))
     });
     assert_eq!(verdict, Verdict::Return);
     assert_eq!(sample_of(&delay), Duration::from_micros(40_960));
@@ -420,7 +429,7 @@ fn the_engine_feeds_an_adaptive_delay_the_latency_of_the_answer_it_returns() {
     };
     let second = sent(&mut engine, send, due);
     let verdict = at(due + ms(30), |inputs| {
-        engine.on_outcome(second, Outcome::Success, response, &Unrecorded, inputs)
+        Verdict::from(engine.on_outcome(second, Outcome::Success, response, &Unrecorded, inputs))
     });
     assert_eq!(verdict, Verdict::Return);
     assert_eq!(sample_of(&delay), Duration::from_micros(30_720));
@@ -434,7 +443,7 @@ fn the_engine_feeds_an_adaptive_delay_the_latency_of_the_answer_it_returns() {
             pushback: None,
         };
         let fatal = Outcome::Fatal(None);
-        engine.on_outcome(AttemptId::FIRST, fatal, result, &Unrecorded, inputs)
+        Verdict::from(engine.on_outcome(AttemptId::FIRST, fatal, result, &Unrecorded, inputs))
     });
     assert_eq!(verdict, Verdict::Return);
     assert_eq!(sample_of(&delay), Duration::from_micros(40_960));
@@ -445,19 +454,19 @@ fn the_engine_feeds_an_adaptive_delay_the_latency_of_the_answer_it_returns() {
     let mut engine = Engine::new(hedged(&delay), None, BodyKind::Clones, 1, Some(start));
     let verdict = at(start + ms(40), |inputs| {
         let result = AttemptResult::Error(&error);
-        engine.on_outcome(
+        Verdict::from(engine.on_outcome(
             AttemptId::FIRST,
             Outcome::Fatal(None),
             result,
             &Unrecorded,
             inputs,
-        )
+        ))
     });
     assert_eq!(verdict, Verdict::Return);
     assert_eq!(sample_of(&delay), ms(5));
     let mut engine = Engine::new(hedged(&delay), None, BodyKind::Clones, 1, Some(start));
     let verdict = at(start + ms(40), |inputs| {
-        engine.on_outcome(AttemptId::FIRST, RETRYABLE, response, &Unrecorded, inputs)
+        Verdict::from(engine.on_outcome(AttemptId::FIRST, RETRYABLE, response, &Unrecorded, inputs))
     });
     assert_eq!(verdict, Verdict::Keep);
     assert_eq!(sample_of(&delay), ms(5));

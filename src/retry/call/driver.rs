@@ -84,10 +84,10 @@ where
     S: Service<Request<B>>,
     B: Replay,
 {
-    /// Closes the call's books (see [`Engine::close`]): gives what its result carries.
-    fn close(&mut self) -> AttemptMarks {
-        let books = books(&self.shared, &self.call, self.planned.route);
-        self.engine.close(books)
+    /// Closes the call's books (see [`Engine::close`]).
+    fn close(&mut self) {
+        let (shared, call, route) = (&self.shared, &self.call, self.planned.route);
+        self.engine.close(|| books(shared, call, route))
     }
 
     /// Drops an answer the call does not return (a failure kept before a later one, an
@@ -356,7 +356,7 @@ where
                 let error = attempt_timed_out(this.state.planned.grpc);
                 LaterAttempts::of(&mut this.state.later).last = Some(Err(error));
             }
-            Action::End(end) => return Some(Progress::Done(end_call(this, end))),
+            Action::End(end, marks) => return Some(Progress::Done(end_call(this, end, marks))),
             Action::Wait(at) => {
                 if !arm(&mut this.state.timer, at, cx) {
                     return None;
@@ -407,9 +407,9 @@ where
             return Sent::No;
         }
         Admission::Wait(_) => return Sent::NotReady,
-        Admission::Failed => {
+        Admission::Failed(marks) => {
             let error = error.expect("the service failed").into();
-            let result = finish(Err(error), state.close(), state.planned.grpc);
+            let result = finish(Err(error), marks, state.planned.grpc);
             return Sent::Failed(Box::new(result));
         }
     }
@@ -459,7 +459,7 @@ where
 }
 
 /// The call's result when no answer was returned.
-fn end_call<S, B, RB>(this: &mut Proj<'_, S, B>, end: End) -> Output<RB>
+fn end_call<S, B, RB>(this: &mut Proj<'_, S, B>, end: End, marks: AttemptMarks) -> Output<RB>
 where
     S: Service<Request<B>, Response = Response<RB>>,
     S::Error: Into<BoxError>,
@@ -478,7 +478,7 @@ where
         End::Last(_) => last.unwrap_or_else(|| Err(no_result())),
         End::DeadlineExceeded => Err(deadline_exceeded(grpc)),
     };
-    finish(result, state.close(), grpc)
+    finish(result, marks, grpc)
 }
 
 /// Polls the call's timer; tells whether it has fired.
@@ -554,7 +554,7 @@ where
         spans.answered(id.send, &outcome);
     }
     match verdict {
-        Verdict::Return => {
+        Verdict::Return(marks) => {
             // A call answered by its only attempt has nothing left to stop.
             if this.first.is_some() || state.later.is_some() {
                 let stopped = take_attempts(this.first.as_mut(), &mut state.later, |_| false);
@@ -564,7 +564,7 @@ where
                 let earlier = state.later.take().and_then(|later| later.last);
                 state.drop_answer(earlier);
             }
-            Some(finish(result, state.close(), state.planned.grpc))
+            Some(finish(result, marks, state.planned.grpc))
         }
         Verdict::Keep => {
             let earlier = LaterAttempts::of(&mut state.later).last.replace(result);

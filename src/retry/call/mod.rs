@@ -144,14 +144,14 @@ fn drive<S, B>(
     inner: &mut S,
     shared: Arc<LayerShared<S>>,
     mut request: Request<B>,
-    mut start: Start,
+    start: Start,
     span: tracing::Span,
 ) -> ResponseFuture<S, B>
 where
     S: Service<Request<B>>,
     B: Replay,
 {
-    if let Some(timeout) = start.first_timeout.take() {
+    if let Some(timeout) = start.first_timeout(|| Instant::now().into_std()) {
         // The first attempt tells the server the call's deadline too.
         request
             .headers_mut()
