@@ -108,6 +108,17 @@ pub(crate) enum Stop {
     ResetOverLimit,
 }
 
+impl Stop {
+    /// Records this stop in `stats`, unless it is a reset within the limit.
+    pub(crate) fn record(self, stats: &MethodStats) {
+        match self {
+            Stop::Reset => {}
+            Stop::Finish => stats.record_let_finish(),
+            Stop::ResetOverLimit => stats.record_reset_over_limit(),
+        }
+    }
+}
+
 impl StreamResets {
     /// A limit of `per_second` resets; `None` resets every stopped attempt at once.
     pub(crate) fn new(per_second: Option<u32>) -> StreamResets {

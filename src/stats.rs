@@ -153,15 +153,14 @@ impl MethodStats {
         add(&self.hedges_over_budget, records.hedges_over_budget);
     }
 
-    /// Records how an attempt the call no longer needed was stopped, when it was not reset
-    /// within the table's limit.
-    pub(crate) fn record_stop(&self, stop: crate::resets::Stop) {
-        let counter = match stop {
-            crate::resets::Stop::Reset => return,
-            crate::resets::Stop::Finish => &self.attempts_let_finish,
-            crate::resets::Stop::ResetOverLimit => &self.resets_over_limit,
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
+    /// Records an attempt the call no longer needed that was let finish.
+    pub(crate) fn record_let_finish(&self) {
+        self.attempts_let_finish.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Records an attempt the call no longer needed that was reset over the table's limit.
+    pub(crate) fn record_reset_over_limit(&self) {
+        self.resets_over_limit.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Records that an attempt let finish ran past its bounds and was reset after all.

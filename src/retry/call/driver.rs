@@ -120,7 +120,7 @@ where
             return;
         }
         let stats = books(&self.shared, &self.call, self.planned.route).method_stats();
-        stats.record_stop(stop);
+        stop.record(&stats);
         if let (Stop::Finish, Some(future)) = (stop, future) {
             tracing::debug!(attempt = id.send, "attempt let finish");
             crate::resets::let_finish(resets, future, self.planned.deadline, stats);
