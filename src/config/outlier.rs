@@ -81,45 +81,60 @@ fn read(json: &str) -> Result<OutlierDetection, ConfigError> {
     if let Some((value, path)) = read("maxEjectionPercent") {
         config.max_ejection_percent = bounded(value, &path, 100)?;
     }
+    // Each algorithm's fields: `uint32`s, percentages at most 100.
+    const ANY: u32 = u32::MAX;
     if let Some((value, path)) = read("successRateEjection") {
-        let object = self::object(value, &path)?;
         let mut ejection = SuccessRateEjection::default();
-        for (key, slot, max) in [
-            ("stdevFactor", &mut ejection.stdev_factor, u32::MAX),
-            (
-                "enforcementPercentage",
-                &mut ejection.enforcement_percentage,
-                100,
-            ),
-            ("minimumHosts", &mut ejection.minimum_hosts, u32::MAX),
-            ("requestVolume", &mut ejection.request_volume, u32::MAX),
-        ] {
-            if let Some(value) = field(object, key) {
-                *slot = bounded(value, &child(&path, key), max)?;
-            }
-        }
+        read_uint32s(
+            self::object(value, &path)?,
+            &path,
+            [
+                ("stdevFactor", &mut ejection.stdev_factor, ANY),
+                (
+                    "enforcementPercentage",
+                    &mut ejection.enforcement_percentage,
+                    100,
+                ),
+                ("minimumHosts", &mut ejection.minimum_hosts, ANY),
+                ("requestVolume", &mut ejection.request_volume, ANY),
+            ],
+        )?;
         config.success_rate = Some(ejection);
     }
     if let Some((value, path)) = read("failurePercentageEjection") {
-        let object = self::object(value, &path)?;
         let mut ejection = FailurePercentageEjection::default();
-        for (key, slot, max) in [
-            ("threshold", &mut ejection.threshold, 100),
-            (
-                "enforcementPercentage",
-                &mut ejection.enforcement_percentage,
-                100,
-            ),
-            ("minimumHosts", &mut ejection.minimum_hosts, u32::MAX),
-            ("requestVolume", &mut ejection.request_volume, u32::MAX),
-        ] {
-            if let Some(value) = field(object, key) {
-                *slot = bounded(value, &child(&path, key), max)?;
-            }
-        }
+        read_uint32s(
+            self::object(value, &path)?,
+            &path,
+            [
+                ("threshold", &mut ejection.threshold, 100),
+                (
+                    "enforcementPercentage",
+                    &mut ejection.enforcement_percentage,
+                    100,
+                ),
+                ("minimumHosts", &mut ejection.minimum_hosts, ANY),
+                ("requestVolume", &mut ejection.request_volume, ANY),
+            ],
+        )?;
         config.failure_percentage = Some(ejection);
     }
     Ok(config)
+}
+
+/// Reads the fields of `object` (at `path`) that are present into their slots, each at
+/// most its bound.
+fn read_uint32s(
+    object: &serde_json::Map<String, Value>,
+    path: &str,
+    slots: [(&str, &mut u32, u32); 4],
+) -> Result<(), ConfigError> {
+    for (key, slot, max) in slots {
+        if let Some(value) = field(object, key) {
+            *slot = bounded(value, &child(path, key), max)?;
+        }
+    }
+    Ok(())
 }
 
 /// A proto3 JSON `uint32`: a number with no fraction, or a string of decimal digits.
