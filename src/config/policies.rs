@@ -169,20 +169,20 @@ impl ServiceConfig {
             // A config without a retry or hedging policy still matches its names, and so
             // turns off what a broader name would have given them, as gRPC's lookup does.
             let policy = method_policy(method_config, options);
-            for name in method_config.names() {
-                builder = match (name.method(), &policy) {
+            for name in &method_config.names {
+                builder = match (name.method.as_deref(), &policy) {
                     (Some(method), Some(policy)) => {
-                        builder.method(&format!("{}/{method}", name.service()), policy.clone())
+                        builder.method(&format!("{}/{method}", name.service), policy.clone())
                     }
                     (Some(method), None) => {
-                        builder.method_without_policy(&format!("{}/{method}", name.service()))
+                        builder.method_without_policy(&format!("{}/{method}", name.service))
                     }
-                    (None, Some(policy)) if name.service().is_empty() => {
+                    (None, Some(policy)) if name.service.is_empty() => {
                         builder.default_policy(policy.clone())
                     }
-                    (None, None) if name.service().is_empty() => builder,
-                    (None, Some(policy)) => builder.service(name.service(), policy.clone()),
-                    (None, None) => builder.service_without_policy(name.service()),
+                    (None, None) if name.service.is_empty() => builder,
+                    (None, Some(policy)) => builder.service(&name.service, policy.clone()),
+                    (None, None) => builder.service_without_policy(&name.service),
                 };
             }
         }
@@ -196,29 +196,29 @@ impl ServiceConfig {
 /// The layer policy of one method config; a `timeout` alone gives its methods that deadline;
 /// `None` when it has neither a policy nor a timeout.
 fn method_policy(config: &MethodConfig, options: PolicyOptions) -> Option<MethodPolicy> {
-    let wait_for_ready = config.wait_for_ready() == Some(true);
-    let Some(policy) = config.policy() else {
+    let wait_for_ready = config.wait_for_ready == Some(true);
+    let Some(policy) = config.policy else {
         if wait_for_ready {
-            return Some(MethodPolicy::WaitForReady(config.timeout()));
+            return Some(MethodPolicy::WaitForReady(config.timeout));
         }
-        return config.timeout().map(MethodPolicy::Timeout);
+        return config.timeout.map(MethodPolicy::Timeout);
     };
     let policy = match policy {
         ConfigPolicy::Retry(retry) => {
             // A6 allows maxBackoff below initialBackoff: `a6` keeps the formula exact.
             let backoff = Exponential::a6(
-                retry.initial_backoff(),
-                retry.max_backoff(),
-                retry.backoff_multiplier(),
+                retry.initial_backoff,
+                retry.max_backoff,
+                retry.backoff_multiplier,
                 options.jitter,
             )
             .ok()?;
             let builder = RetryPolicy::builder()
-                .max_attempts(retry.max_attempts())
+                .max_attempts(retry.max_attempts)
                 .backoff(backoff)
                 .wait_for_ready(wait_for_ready);
-            let mut builder = options.retryable(builder, retry.retryable_status_codes());
-            if let Some(timeout) = config.timeout() {
+            let mut builder = options.retryable(builder, retry.retryable_status_codes);
+            if let Some(timeout) = config.timeout {
                 builder = builder.timeout(timeout);
             }
             MethodPolicy::from(builder.build().ok()?)
@@ -227,12 +227,12 @@ fn method_policy(config: &MethodConfig, options: PolicyOptions) -> Option<Method
             // Beyond A6: a budget on the extra load of hedges (see `HedgeBudget`), which
             // `PoliciesBuilder::hedge_budget` changes or turns off.
             let builder = HedgePolicy::builder()
-                .max_attempts(hedging.max_attempts())
-                .delay(hedging.hedging_delay())
+                .max_attempts(hedging.max_attempts)
+                .delay(hedging.hedging_delay)
                 .wait_for_ready(wait_for_ready)
                 .budget(HedgeBudget::default());
-            let mut builder = options.non_fatal(builder, hedging.non_fatal_status_codes());
-            if let Some(timeout) = config.timeout() {
+            let mut builder = options.non_fatal(builder, hedging.non_fatal_status_codes);
+            if let Some(timeout) = config.timeout {
                 builder = builder.timeout(timeout);
             }
             MethodPolicy::from(builder.build().ok()?)

@@ -188,19 +188,19 @@ impl ServiceConfig {
     pub fn throttle(&self) -> Option<Throttle> {
         // Parsing validated the numbers, so `new` accepts them.
         let throttling = self.retry_throttling?;
-        Throttle::new(throttling.max_tokens(), throttling.token_ratio()).ok()
+        Throttle::new(throttling.max_tokens, throttling.token_ratio()).ok()
     }
 
     /// `maxRequestMessageBytes` of the method config that applies to a gRPC request path
     /// (`/package.Service/Method`), for the client's encoder; gRFC A6 does not use it.
     pub fn max_request_message_bytes(&self, path: &str) -> Option<u64> {
-        self.lookup_path(path)?.max_request_message_bytes()
+        self.lookup_path(path)?.max_request_message_bytes
     }
 
     /// `maxResponseMessageBytes` of the method config that applies to a gRPC request path,
     /// for the client's decoder; gRFC A6 does not use it.
     pub fn max_response_message_bytes(&self, path: &str) -> Option<u64> {
-        self.lookup_path(path)?.max_response_message_bytes()
+        self.lookup_path(path)?.max_response_message_bytes
     }
 
     /// The method configs, in document order.

@@ -62,13 +62,13 @@ fn retry_policy_example() {
         .copied()
         .unwrap();
     // "a maximum of four RPC attempts (1 original RPC, and 3 retries)"
-    assert_eq!(retry.max_attempts(), 4);
-    assert_eq!(retry.initial_backoff(), Duration::from_millis(100));
-    assert_eq!(retry.max_backoff(), Duration::from_secs(1));
-    assert_eq!(retry.backoff_multiplier(), 2.0);
+    assert_eq!(retry.max_attempts, 4);
+    assert_eq!(retry.initial_backoff, Duration::from_millis(100));
+    assert_eq!(retry.max_backoff, Duration::from_secs(1));
+    assert_eq!(retry.backoff_multiplier, 2.0);
     // "only retrying RPCs when an UNAVAILABLE status code is received"
     assert_eq!(
-        retry.retryable_status_codes(),
+        retry.retryable_status_codes,
         GrpcCodes::from([Code::Unavailable])
     );
 }
@@ -78,10 +78,10 @@ fn hedging_policy_example() {
     let config = parse(&method_config(HEDGING_POLICY));
     let hedging = hedging_of(&config);
     // "an original RPC, then up to three hedged requests ... at 500ms intervals"
-    assert_eq!(hedging.max_attempts(), 4);
-    assert_eq!(hedging.hedging_delay(), Duration::from_millis(500));
+    assert_eq!(hedging.max_attempts, 4);
+    assert_eq!(hedging.hedging_delay, Duration::from_millis(500));
     assert_eq!(
-        hedging.non_fatal_status_codes(),
+        hedging.non_fatal_status_codes,
         GrpcCodes::from([Code::Unavailable, Code::Internal, Code::Aborted])
     );
 }
@@ -91,17 +91,17 @@ fn hedging_policy_all_at_once_example() {
     let config = parse(&method_config(HEDGING_POLICY_AT_ONCE));
     let hedging = hedging_of(&config);
     // "issues four RPCs simultaneously"
-    assert_eq!(hedging.max_attempts(), 4);
-    assert_eq!(hedging.hedging_delay(), Duration::ZERO);
-    assert_eq!(hedging.non_fatal_status_codes().len(), 3);
+    assert_eq!(hedging.max_attempts, 4);
+    assert_eq!(hedging.hedging_delay, Duration::ZERO);
+    assert_eq!(hedging.non_fatal_status_codes.len(), 3);
 }
 
 #[test]
 fn retry_throttling_example() {
     let config = parse(&format!("{{{RETRY_THROTTLING}}}"));
     let throttling = throttling_of(&config);
-    assert_eq!(throttling.max_tokens(), 10);
-    assert_eq!(throttling.token_ratio_milli(), 100);
+    assert_eq!(throttling.max_tokens, 10);
+    assert_eq!(throttling.token_ratio_milli, 100);
     assert_eq!(throttling.token_ratio(), 0.1);
     assert!(config.method_configs().is_empty());
 }
@@ -134,7 +134,7 @@ fn all_examples_together() {
             .hedging_policy()
             .is_some()
     );
-    assert_eq!(throttling_of(&config).max_tokens(), 10);
+    assert_eq!(throttling_of(&config).max_tokens, 10);
     assert_eq!(parse(&config.to_json()), config);
 }
 

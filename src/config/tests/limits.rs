@@ -91,7 +91,7 @@ fn status_code_arrays_are_capped() {
         "retryableStatusCodes",
         Some(&format!("[{}]", codes(MAX_STATUS_CODES))),
     )]));
-    assert_eq!(retry_of(&parse(&ok)).retryable_status_codes().len(), 1);
+    assert_eq!(retry_of(&parse(&ok)).retryable_status_codes.len(), 1);
 
     let too_many = with_hedging(&hedging_policy(&[(
         "nonFatalStatusCodes",

@@ -14,7 +14,7 @@ const LEVELS: &str = r#"{"methodConfig": [
 ]}"#;
 
 fn seconds(config: Option<&crate::config::MethodConfig>) -> Option<u64> {
-    config.and_then(|c| c.timeout()).map(|t| t.as_secs())
+    config.and_then(|c| c.timeout).map(|t| t.as_secs())
 }
 
 #[test]
@@ -93,10 +93,10 @@ fn the_most_specific_config_applies_whole() {
         retry_policy(&[])
     ));
     let plain = config.lookup_path("/s/Other").unwrap();
-    assert_eq!(plain.retry_policy().map(|r| r.max_attempts()), Some(3));
+    assert_eq!(plain.retry_policy().map(|r| r.max_attempts), Some(3));
     let exact = config.lookup_path("/s/NoRetry").unwrap();
-    assert!(exact.policy().is_none());
-    assert_eq!(exact.timeout(), Some(Duration::from_secs(5)));
+    assert!(exact.policy.is_none());
+    assert_eq!(exact.timeout, Some(Duration::from_secs(5)));
 }
 
 #[test]

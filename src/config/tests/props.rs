@@ -221,18 +221,18 @@ fn check_model(
     assert_eq!(config.method_configs().len(), expected.len());
     for (got, want) in config.method_configs().iter().zip(expected) {
         let names: Vec<(String, Option<String>)> = got
-            .names()
+            .names
             .iter()
-            .map(|n| (n.service().to_owned(), n.method().map(str::to_owned)))
+            .map(|n| (n.service.clone(), n.method.clone()))
             .collect();
         assert_eq!(names, want.names);
-        assert_eq!(got.timeout(), want.timeout);
-        assert_eq!(got.wait_for_ready(), want.wait_for_ready);
+        assert_eq!(got.timeout, want.timeout);
+        assert_eq!(got.wait_for_ready, want.wait_for_ready);
         assert_eq!(
-            got.max_request_message_bytes(),
+            got.max_request_message_bytes,
             want.max_request_message_bytes
         );
-        match (got.policy(), &want.policy) {
+        match (got.policy, &want.policy) {
             (None, None) => {}
             (
                 Some(ConfigPolicy::Retry(r)),
@@ -244,12 +244,12 @@ fn check_model(
                     codes,
                 }),
             ) => {
-                assert_eq!(r.max_attempts(), *max_attempts);
-                assert_eq!(r.initial_backoff(), *initial);
-                assert_eq!(r.max_backoff(), *max);
-                assert_eq!(r.backoff_multiplier(), *multiplier);
+                assert_eq!(r.max_attempts, *max_attempts);
+                assert_eq!(r.initial_backoff, *initial);
+                assert_eq!(r.max_backoff, *max);
+                assert_eq!(r.backoff_multiplier, *multiplier);
                 assert_eq!(
-                    r.retryable_status_codes(),
+                    r.retryable_status_codes,
                     codes.iter().copied().collect::<GrpcCodes>()
                 );
             }
@@ -261,24 +261,25 @@ fn check_model(
                     codes,
                 }),
             ) => {
-                assert_eq!(h.max_attempts(), *max_attempts);
-                assert_eq!(h.hedging_delay(), delay.unwrap_or(Duration::ZERO));
+                assert_eq!(h.max_attempts, *max_attempts);
+                assert_eq!(h.hedging_delay, delay.unwrap_or(Duration::ZERO));
                 let codes: GrpcCodes = codes.iter().flatten().copied().collect();
-                assert_eq!(h.non_fatal_status_codes(), codes);
+                assert_eq!(h.non_fatal_status_codes, codes);
             }
             (got, want) => panic!("policy {got:?}, wanted {want:?}"),
         }
         // Each name finds this config (names are unique).
-        for name in got.names() {
-            let found = config.method_config(name.service(), name.method().unwrap_or("Zz"));
-            assert!(std::ptr::eq(found.unwrap(), got) || name.method().is_none());
+        for name in &got.names {
+            let method = name.method.as_deref().unwrap_or("Zz");
+            let found = config.method_config(&name.service, method);
+            assert!(std::ptr::eq(found.unwrap(), got) || name.method.is_none());
         }
     }
     match (config.retry_throttling(), throttling) {
         (None, None) => {}
         (Some(t), Some((max_tokens, milli))) => {
-            assert_eq!(t.max_tokens(), max_tokens);
-            assert_eq!(t.token_ratio_milli(), milli);
+            assert_eq!(t.max_tokens, max_tokens);
+            assert_eq!(t.token_ratio_milli, milli);
         }
         (got, want) => panic!("throttling {got:?}, wanted {want:?}"),
     }

@@ -79,15 +79,15 @@ fn typos_are_listed_at_every_depth_with_suggestions() {
         .method_config("pkg.Search", "Other")
         .expect("pkg.Search");
     assert_eq!(
-        search.hedging_policy().expect("hedging").hedging_delay(),
+        search.hedging_policy().expect("hedging").hedging_delay,
         Duration::ZERO
     );
-    assert_eq!(search.timeout(), None);
+    assert_eq!(search.timeout, None);
     assert!(
         config
             .method_config("pkg.Users", "Get")
             .expect("pkg.Users")
-            .policy()
+            .policy
             .is_none()
     );
     assert!(config.retry_throttling().is_none());

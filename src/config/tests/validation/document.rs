@@ -10,22 +10,22 @@ pub(super) fn cases() -> Vec<(&'static str, String, Expect)> {
             "service and method",
             with_method_config(r#""name": [{"service": "pkg.S", "method": "M"}]"#),
             Valid(|c| {
-                let name = &c.method_configs()[0].names()[0];
-                assert_eq!(name.service(), "pkg.S");
-                assert_eq!(name.method(), Some("M"));
+                let name = &c.method_configs()[0].names[0];
+                assert_eq!(name.service, "pkg.S");
+                assert_eq!(name.method.as_deref(), Some("M"));
                 assert!(!name.is_default());
             }),
         ),
         (
             "empty method is the whole service",
             with_method_config(r#""name": [{"service": "pkg.S", "method": ""}]"#),
-            Valid(|c| assert_eq!(c.method_configs()[0].names()[0].method(), None)),
+            Valid(|c| assert_eq!(c.method_configs()[0].names[0].method, None)),
         ),
         (
             "empty service is the default",
             with_method_config(r#""name": [{"service": "", "method": null}]"#),
             Valid(|c| {
-                assert!(c.method_configs()[0].names()[0].is_default());
+                assert!(c.method_configs()[0].names[0].is_default());
                 assert!(c.default_method_config().is_some());
             }),
         ),
@@ -33,7 +33,7 @@ pub(super) fn cases() -> Vec<(&'static str, String, Expect)> {
             "a method config without names matches nothing",
             with_method_config(r#""timeout": "1s""#),
             Valid(|c| {
-                assert!(c.method_configs()[0].names().is_empty());
+                assert!(c.method_configs()[0].names.is_empty());
                 assert!(c.lookup_path("/a.B/C").is_none());
             }),
         ),
@@ -84,7 +84,7 @@ pub(super) fn cases() -> Vec<(&'static str, String, Expect)> {
         (
             "service names are case-sensitive: no duplicate",
             r#"{"methodConfig": [{"name": [{"service": "s"}, {"service": "S"}]}]}"#.into(),
-            Valid(|c| assert_eq!(c.method_configs()[0].names().len(), 2)),
+            Valid(|c| assert_eq!(c.method_configs()[0].names.len(), 2)),
         ),
         (
             "name not an array",
@@ -125,27 +125,27 @@ pub(super) fn cases() -> Vec<(&'static str, String, Expect)> {
             ),
             Valid(|c| {
                 let m = &c.method_configs()[0];
-                assert_eq!(m.timeout(), Some(Duration::from_millis(30_500)));
-                assert_eq!(m.wait_for_ready(), Some(false));
-                assert_eq!(m.max_request_message_bytes(), Some(1024));
-                assert_eq!(m.max_response_message_bytes(), Some(4_194_304));
-                assert!(m.policy().is_none());
+                assert_eq!(m.timeout, Some(Duration::from_millis(30_500)));
+                assert_eq!(m.wait_for_ready, Some(false));
+                assert_eq!(m.max_request_message_bytes, Some(1024));
+                assert_eq!(m.max_response_message_bytes, Some(4_194_304));
+                assert!(m.policy.is_none());
             }),
         ),
         (
             "timeout 0 is valid and kept",
             with_method_config(r#""name": [{}], "timeout": "0s""#),
-            Valid(|c| assert_eq!(c.method_configs()[0].timeout(), Some(Duration::ZERO))),
+            Valid(|c| assert_eq!(c.method_configs()[0].timeout, Some(Duration::ZERO))),
         ),
         (
             "absent fields are None",
             with_method_config(r#""name": [{}]"#),
             Valid(|c| {
                 let m = &c.method_configs()[0];
-                assert_eq!(m.timeout(), None);
-                assert_eq!(m.wait_for_ready(), None);
-                assert_eq!(m.max_request_message_bytes(), None);
-                assert_eq!(m.max_response_message_bytes(), None);
+                assert_eq!(m.timeout, None);
+                assert_eq!(m.wait_for_ready, None);
+                assert_eq!(m.max_request_message_bytes, None);
+                assert_eq!(m.max_response_message_bytes, None);
             }),
         ),
         (

@@ -13,10 +13,10 @@ pub(super) fn cases() -> Vec<(&'static str, String, Expect)> {
             )])),
             Valid(|c| {
                 let h = hedging_of(c);
-                assert_eq!(h.max_attempts(), 3);
-                assert_eq!(h.hedging_delay(), Duration::from_millis(100));
+                assert_eq!(h.max_attempts, 3);
+                assert_eq!(h.hedging_delay, Duration::from_millis(100));
                 assert_eq!(
-                    h.non_fatal_status_codes(),
+                    h.non_fatal_status_codes,
                     GrpcCodes::from([Code::Unavailable, Code::Internal, Code::Aborted])
                 );
                 assert!(c.method_configs()[0].retry_policy().is_none());
@@ -30,8 +30,8 @@ pub(super) fn cases() -> Vec<(&'static str, String, Expect)> {
             ])),
             Valid(|c| {
                 let h = hedging_of(c);
-                assert_eq!(h.hedging_delay(), Duration::ZERO);
-                assert!(h.non_fatal_status_codes().is_empty());
+                assert_eq!(h.hedging_delay, Duration::ZERO);
+                assert!(h.non_fatal_status_codes.is_empty());
             }),
         ),
         (
@@ -42,8 +42,8 @@ pub(super) fn cases() -> Vec<(&'static str, String, Expect)> {
             ])),
             Valid(|c| {
                 let h = hedging_of(c);
-                assert_eq!(h.hedging_delay(), Duration::ZERO);
-                assert!(h.non_fatal_status_codes().is_empty());
+                assert_eq!(h.hedging_delay, Duration::ZERO);
+                assert!(h.non_fatal_status_codes.is_empty());
             }),
         ),
         (
@@ -98,7 +98,7 @@ pub(super) fn cases() -> Vec<(&'static str, String, Expect)> {
                 r#""name": [{{"service": "s"}}], "retryPolicy": null, "hedgingPolicy": {}"#,
                 hedging_policy(&[])
             )),
-            Valid(|c| assert_eq!(hedging_of(c).max_attempts(), 3)),
+            Valid(|c| assert_eq!(hedging_of(c).max_attempts, 3)),
         ),
         (
             "both policies reported before an invalid one",
@@ -125,35 +125,35 @@ pub(super) fn cases() -> Vec<(&'static str, String, Expect)> {
             with_throttling(&throttling(&[])),
             Valid(|c| {
                 let t = throttling_of(c);
-                assert_eq!(t.max_tokens(), 10);
-                assert_eq!(t.token_ratio_milli(), 100);
+                assert_eq!(t.max_tokens, 10);
+                assert_eq!(t.token_ratio_milli, 100);
                 assert_eq!(t.token_ratio(), 0.1);
             }),
         ),
         (
             "tokenRatio digits past the third decimal dropped",
             with_throttling(&throttling(&[("tokenRatio", Some("0.5466"))])),
-            Valid(|c| assert_eq!(throttling_of(c).token_ratio_milli(), 546)),
+            Valid(|c| assert_eq!(throttling_of(c).token_ratio_milli, 546)),
         ),
         (
             "tokenRatio 0.001, the least",
             with_throttling(&throttling(&[("tokenRatio", Some("0.001"))])),
-            Valid(|c| assert_eq!(throttling_of(c).token_ratio_milli(), 1)),
+            Valid(|c| assert_eq!(throttling_of(c).token_ratio_milli, 1)),
         ),
         (
             "tokenRatio above 1",
             with_throttling(&throttling(&[("tokenRatio", Some("5"))])),
-            Valid(|c| assert_eq!(throttling_of(c).token_ratio_milli(), 5000)),
+            Valid(|c| assert_eq!(throttling_of(c).token_ratio_milli, 5000)),
         ),
         (
             "maxTokens 1000, the most",
             with_throttling(&throttling(&[("maxTokens", Some("1000"))])),
-            Valid(|c| assert_eq!(throttling_of(c).max_tokens(), 1000)),
+            Valid(|c| assert_eq!(throttling_of(c).max_tokens, 1000)),
         ),
         (
             "maxTokens 1, the least; 10.0 style accepted",
             with_throttling(&throttling(&[("maxTokens", Some("1.0"))])),
-            Valid(|c| assert_eq!(throttling_of(c).max_tokens(), 1)),
+            Valid(|c| assert_eq!(throttling_of(c).max_tokens, 1)),
         ),
         (
             "maxTokens 0",

@@ -10,12 +10,12 @@ pub(super) fn cases() -> Vec<(&'static str, String, Expect)> {
             with_retry(&retry_policy(&[])),
             Valid(|c| {
                 let r = retry_of(c);
-                assert_eq!(r.max_attempts(), 3);
-                assert_eq!(r.initial_backoff(), Duration::from_millis(100));
-                assert_eq!(r.max_backoff(), Duration::from_secs(1));
-                assert_eq!(r.backoff_multiplier(), 2.0);
+                assert_eq!(r.max_attempts, 3);
+                assert_eq!(r.initial_backoff, Duration::from_millis(100));
+                assert_eq!(r.max_backoff, Duration::from_secs(1));
+                assert_eq!(r.backoff_multiplier, 2.0);
                 assert_eq!(
-                    r.retryable_status_codes(),
+                    r.retryable_status_codes,
                     GrpcCodes::from([Code::Unavailable])
                 );
             }),
@@ -23,34 +23,34 @@ pub(super) fn cases() -> Vec<(&'static str, String, Expect)> {
         (
             "maxAttempts 2, the least",
             with_retry(&retry_policy(&[("maxAttempts", Some("2"))])),
-            Valid(|c| assert_eq!(retry_of(c).max_attempts(), 2)),
+            Valid(|c| assert_eq!(retry_of(c).max_attempts, 2)),
         ),
         (
             "maxAttempts above the client cap is kept, not clamped",
             with_retry(&retry_policy(&[("maxAttempts", Some("6"))])),
-            Valid(|c| assert_eq!(retry_of(c).max_attempts(), 6)),
+            Valid(|c| assert_eq!(retry_of(c).max_attempts, 6)),
         ),
         (
             "maxAttempts beyond u32 saturates",
             with_retry(&retry_policy(&[("maxAttempts", Some("4294967296"))])),
-            Valid(|c| assert_eq!(retry_of(c).max_attempts(), u32::MAX)),
+            Valid(|c| assert_eq!(retry_of(c).max_attempts, u32::MAX)),
         ),
         (
             "maxAttempts beyond u64 saturates",
             with_retry(&retry_policy(&[("maxAttempts", Some("1e30"))])),
-            Valid(|c| assert_eq!(retry_of(c).max_attempts(), u32::MAX)),
+            Valid(|c| assert_eq!(retry_of(c).max_attempts, u32::MAX)),
         ),
         (
             "maxAttempts 2.0 (integral float) accepted, as grpc-java does",
             with_retry(&retry_policy(&[("maxAttempts", Some("2.0"))])),
-            Valid(|c| assert_eq!(retry_of(c).max_attempts(), 2)),
+            Valid(|c| assert_eq!(retry_of(c).max_attempts, 2)),
         ),
         (
             "integer status code accepted (C-core: rejected)",
             with_retry(&retry_policy(&[("retryableStatusCodes", Some("[14, 8]"))])),
             Valid(|c| {
                 assert_eq!(
-                    retry_of(c).retryable_status_codes(),
+                    retry_of(c).retryable_status_codes,
                     GrpcCodes::from([Code::Unavailable, Code::ResourceExhausted])
                 )
             }),
@@ -63,7 +63,7 @@ pub(super) fn cases() -> Vec<(&'static str, String, Expect)> {
             )])),
             Valid(|c| {
                 assert_eq!(
-                    retry_of(c).retryable_status_codes(),
+                    retry_of(c).retryable_status_codes,
                     GrpcCodes::from([Code::Unavailable, Code::DeadlineExceeded])
                 )
             }),
@@ -74,7 +74,7 @@ pub(super) fn cases() -> Vec<(&'static str, String, Expect)> {
                 "retryableStatusCodes",
                 Some(r#"[14, "UNAVAILABLE", "unavailable", 14.0]"#),
             )])),
-            Valid(|c| assert_eq!(retry_of(c).retryable_status_codes().len(), 1)),
+            Valid(|c| assert_eq!(retry_of(c).retryable_status_codes.len(), 1)),
         ),
         (
             "all 17 codes, OK included",
@@ -82,7 +82,7 @@ pub(super) fn cases() -> Vec<(&'static str, String, Expect)> {
                 "retryableStatusCodes",
                 Some("[0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16]"),
             )])),
-            Valid(|c| assert_eq!(retry_of(c).retryable_status_codes().len(), 17)),
+            Valid(|c| assert_eq!(retry_of(c).retryable_status_codes.len(), 17)),
         ),
         (
             "maxBackoff below initialBackoff accepted",
@@ -92,14 +92,14 @@ pub(super) fn cases() -> Vec<(&'static str, String, Expect)> {
             ])),
             Valid(|c| {
                 let r = retry_of(c);
-                assert_eq!(r.initial_backoff(), Duration::from_secs(2));
-                assert_eq!(r.max_backoff(), Duration::from_secs(1));
+                assert_eq!(r.initial_backoff, Duration::from_secs(2));
+                assert_eq!(r.max_backoff, Duration::from_secs(1));
             }),
         ),
         (
             "multiplier below 1 and a float",
             with_retry(&retry_policy(&[("backoffMultiplier", Some("0.5"))])),
-            Valid(|c| assert_eq!(retry_of(c).backoff_multiplier(), 0.5)),
+            Valid(|c| assert_eq!(retry_of(c).backoff_multiplier, 0.5)),
         ),
         (
             "nanosecond backoffs",
@@ -109,14 +109,14 @@ pub(super) fn cases() -> Vec<(&'static str, String, Expect)> {
             ])),
             Valid(|c| {
                 let r = retry_of(c);
-                assert_eq!(r.initial_backoff(), Duration::from_nanos(1));
-                assert_eq!(r.max_backoff(), Duration::new(1, 1));
+                assert_eq!(r.initial_backoff, Duration::from_nanos(1));
+                assert_eq!(r.max_backoff, Duration::new(1, 1));
             }),
         ),
         (
             "unknown fields inside the policy ignored",
             with_retry(&retry_policy(&[("perAttemptRecvTimeout", Some("\"1s\""))])),
-            Valid(|c| assert_eq!(retry_of(c).max_attempts(), 3)),
+            Valid(|c| assert_eq!(retry_of(c).max_attempts, 3)),
         ),
         // ---- retryPolicy: invalid, as C-core ----
         (
