@@ -36,6 +36,7 @@ use crate::engine::{
 use crate::grpc_timeout::GRPC_TIMEOUT;
 use crate::metadata::GRPC_PREVIOUS_RPC_ATTEMPTS;
 use crate::pushback::{GRPC_RETRY_PUSHBACK_MS, Pushback};
+use crate::telemetry::CallTrace;
 
 /// How a call went, for its receive stream: the first item of the attempt the call is
 /// committed to, the rest of that attempt's stream, and its sender of the application's
@@ -138,8 +139,8 @@ pub(super) struct GrpcCall<I: Invoke> {
     timer_at: Option<std::time::Instant>,
     /// The body's commit was told to the engine.
     commit_seen: bool,
-    /// The method's policy hedges.
-    hedged: bool,
+    /// The call's span and its attempts', fed with what the engine says, as the layers'.
+    trace: CallTrace,
 }
 
 impl<I> GrpcCall<I>
@@ -159,7 +160,11 @@ where
         let first_reader = body.clone();
         let route = start.route;
         let deadline = start.deadline;
-        let hedged = matches!(start.rules.mode, Mode::Hedge(..));
+        // Named for what the call does, as the layers name theirs.
+        let span = match start.rules.mode {
+            Mode::Hedge(..) => tracing::debug_span!("hedge", path = %headers.method_name()),
+            _ => tracing::debug_span!("retry", path = %headers.method_name()),
+        };
         let first_headers = AttemptHeaders {
             previous: None,
             timeout: start.first_timeout(|| tokio::time::Instant::now().into_std()),
@@ -185,7 +190,7 @@ where
             timer: Box::pin(tokio::time::sleep(Duration::ZERO)),
             timer_at: None,
             commit_seen: false,
-            hedged,
+            trace: CallTrace::of_call(span),
         };
         // Futures are lazy: the first attempt goes when the call's task first polls it.
         call.start_attempt(AttemptId::FIRST, first_reader, first_headers);
@@ -195,12 +200,11 @@ where
     /// Runs the call to its decision, which goes to `decided`; ends early when the
     /// application drops its receive stream.
     pub(super) async fn run(mut self, mut decided: oneshot::Sender<Answer<I::RecvStream>>) {
-        // Named for what the call does, as the layers name theirs.
-        let span = if self.hedged {
-            tracing::debug_span!("hedge", path = %self.headers.method_name())
-        } else {
-            tracing::debug_span!("retry", path = %self.headers.method_name())
-        };
+        let span = self
+            .trace
+            .call()
+            .cloned()
+            .unwrap_or_else(tracing::Span::none);
         async move {
             let mut rng = SmallRng::from_rng(&mut rand::rng());
             let read = || tokio::time::Instant::now().into_std();
@@ -262,9 +266,13 @@ where
                 Action::Post(records) => {
                     books(&self.handles, self.route, self.headers.method_name()).post(&records);
                 }
-                Action::Cancel(kept) => self.attempts.retain(|attempt| Some(attempt.id) == kept),
+                Action::Cancel(kept) => {
+                    self.attempts.retain(|attempt| Some(attempt.id) == kept);
+                    self.trace.cancelled(kept);
+                }
                 Action::TimedOut(id) => {
                     self.attempts.retain(|attempt| attempt.id != id);
+                    self.trace.timed_out(id);
                     let trailers = status(StatusCodeError::DeadlineExceeded, "attempt timed out");
                     self.last = Some((id, Answer::ended(trailers)));
                 }
@@ -304,7 +312,7 @@ where
         }
         let reader = self.body.0.clone();
         let (id, attempt_headers) = self.engine.on_sent(send, reader.reader_id(), inputs);
-        crate::telemetry::hedge_sent(id.send, send.hedge && !send.transparent);
+        self.trace.sent(id, Some(send));
         self.start_attempt(id, reader, attempt_headers);
     }
 
@@ -329,7 +337,6 @@ where
                 headers.metadata_mut().insert(name, value);
             }
         }
-        tracing::debug!(attempt = id.send, previous = id.number - 1, "attempt sent");
         let invoker = self.invoker.clone();
         let future = async move {
             let (send, mut recv) = invoker.invoke(headers, options).await;
@@ -387,6 +394,7 @@ where
             return Poll::Ready(Event::Committed(reader));
         }
         for (index, attempt) in self.attempts.iter_mut().enumerate() {
+            let _entered = self.trace.enter(attempt.id);
             if let Poll::Ready(answer) = attempt.future.as_mut().poll(cx) {
                 return Poll::Ready(Event::Answered(index, answer));
             }
@@ -416,7 +424,8 @@ where
                 AttemptResult::Error(&StreamBroke)
             }
         };
-        let (verdict, _) = self.engine.on_answer(id, view, &self.body, inputs);
+        let (verdict, outcome) = self.engine.on_answer(id, view, &self.body, inputs);
+        self.trace.answered(id, &outcome);
         match verdict {
             Verdict::Return(marks) => Some(self.answer(answered, marks)),
             Verdict::Keep => {
@@ -435,7 +444,9 @@ where
         mut answered: Answer<I::RecvStream>,
         marks: AttemptMarks,
     ) -> Answer<I::RecvStream> {
+        // Every other attempt is dropped unanswered.
         self.attempts.clear();
+        self.trace.cancelled(None);
         if matches!(answered.first, ResponseStreamItem::Trailers(_)) {
             answered.sender = None;
         } else {

@@ -1,12 +1,12 @@
 //! What the layers tell about their calls: tracing spans and events, gRFC A96 metrics over
 //! OpenTelemetry, and state that can be read at any time.
 //!
-//! - **Tracing**: a span per call, a span per attempt under it (gRFC A45's attempt span, with
-//!   `previous-rpc-attempts` and `transparent-retry`), and one event per decision the call
-//!   makes. All at `DEBUG`: a subscriber that does not enable `DEBUG` for this crate pays
-//!   one relaxed atomic load per span or event, nothing more. Every span, event and field
-//!   is listed in the table below; the `tracing` test binary holds the table to what the
-//!   crate emits.
+//! - **Tracing**: a span per call (through the layers and the `grpc` interceptor alike), a
+//!   span per attempt under it (gRFC A45's attempt span, with `previous-rpc-attempts` and
+//!   `transparent-retry`), and one event per decision the call makes. All at `DEBUG`: a
+//!   subscriber that does not enable `DEBUG` for this crate pays one relaxed atomic load per
+//!   span or event, nothing more. Every span, event and field is listed in the table below;
+//!   the `tracing` test binary holds the table to what the crate emits.
 //! - **Metrics** (feature `opentelemetry`): gRFC A96's per-call histograms, recorded once when
 //!   a call ends, on a [`Meter`](opentelemetry::metrics::Meter) you pass to
 //!   [`PoliciesBuilder::metrics`](crate::policy::PoliciesBuilder::metrics). See [`RetryMetrics`].
@@ -27,7 +27,7 @@
 //!
 //! | kind | name | level | fields | what and when |
 //! |---|---|---|---|---|
-//! | span | `retry` | DEBUG | `path`, `http.request.resend_count` | a call with a retry policy, or with none (it gets A6's transparent retries), whichever layer drives it; `http.request.resend_count` (the OpenTelemetry HTTP attribute) is recorded at each attempt after the first |
+//! | span | `retry` | DEBUG | `path`, `http.request.resend_count` | a call with a retry policy, or with none (it gets A6's transparent retries), whichever driver runs it (a layer, or the `grpc` interceptor); `http.request.resend_count` (the OpenTelemetry HTTP attribute) is recorded at each attempt after the first |
 //! | span | `hedge` | DEBUG | `path`, `http.request.resend_count` | a call with a hedging policy, the same fields |
 //! | span | `attempt` | DEBUG | `attempt`, `previous-rpc-attempts`, `transparent-retry`, `hedge`, `outcome` | one attempt, a child of its call's span (made only when that span is enabled), entered while the attempt is polled, closed when it ends; `outcome` is recorded then: `success`, `retryable`, `fatal`, `not sent`, `refused` (how the policy's classifier saw the answer), `timed out` (its per-attempt timeout), or `cancelled` (dropped unanswered: another attempt won, the deadline passed, or the caller dropped the call) |
 //! | event | `retrying` | DEBUG | `attempt`, `delay`, `reason` | a retry is scheduled: `attempt` will be sent after `delay`; `reason` is `backoff`, `pushback` (the server's delay, exactly) or `per-attempt timeout` (hedging on it: at once) |
@@ -124,86 +124,81 @@ pub use crate::metrics::{CustomLabel, RetryMetrics};
 use tracing::Span;
 
 use crate::classify::Outcome;
+use crate::engine::{AttemptId, Dispatch};
 
-/// The call's span and its attempts' spans, kept only while the call's span is enabled: the
-/// driver holds an `Option<Box<AttemptSpans>>`, `None` for a call traced at no level, so
-/// that such a call pays one word and a few branches for them. Held inline in each attempt's
-/// state instead, they cost a call answered at once about 330 instructions (valgrind,
+/// A call's traces, fed by its driver with what the engine says, the same in every driver:
+/// the call's span, a span per attempt (opened when the engine sends it, closed with the
+/// outcome of its answer, its timeout or its cancellation), and an event per hedge.
+///
+/// The spans are kept only while the call's span is enabled: a call traced at no level
+/// holds `None` and pays one word and a few branches. Held inline in each attempt's state
+/// instead, they cost a call answered at once about 330 instructions (valgrind,
 /// `RetryLayer` over an echo, 20 000 calls: 3 561 per call before the spans, 3 895 inline,
 /// 3 637 this way, the metrics hooks included).
 ///
-/// Attempts are named by their send number (1 for the first, then every send). An attempt's
-/// span is closed when its outcome is recorded: when it answers, times out, or is cancelled
-/// (dropped unanswered; the spans left when the call ends are cancelled too).
-pub(crate) struct AttemptSpans {
+/// Attempts are named by their send number (1 for the first, then every send). The spans
+/// left open when the call ends are cancelled.
+pub(crate) struct CallTrace(Option<Box<Spans>>);
+
+struct Spans {
     call: Span,
     open: Vec<(u32, Span)>,
 }
 
-/// An attempt, as its span shows it.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct AttemptFields {
-    /// 1 for the first attempt sent, then every send.
-    pub(crate) send: u32,
-    /// gRFC A45's `previous-rpc-attempts`: counted attempts before it.
-    pub(crate) previous: u32,
-    pub(crate) transparent: bool,
-    pub(crate) hedge: bool,
-}
-
-impl AttemptSpans {
-    /// The spans of a call whose first attempt is in flight, under the call's span; `None`
-    /// when that span is disabled.
-    pub(crate) fn of_call(call: Span) -> Option<Box<AttemptSpans>> {
+impl CallTrace {
+    /// The traces of a call whose first attempt is in flight, under the call's span.
+    pub(crate) fn of_call(call: Span) -> CallTrace {
         if call.is_disabled() {
-            return None;
+            return CallTrace(None);
         }
-        let mut spans = AttemptSpans {
+        let mut trace = CallTrace(Some(Box::new(Spans {
             call,
             open: Vec::new(),
-        };
-        let first = AttemptFields {
-            send: 1,
-            previous: 0,
-            transparent: false,
-            hedge: false,
-        };
-        spans.sent(first);
-        Some(Box::new(spans))
+        })));
+        trace.sent(AttemptId::FIRST, None);
+        trace
     }
 
-    /// The call's span.
-    pub(crate) fn call(&self) -> &Span {
-        &self.call
+    /// The call's span, when it is enabled.
+    pub(crate) fn call(&self) -> Option<&Span> {
+        self.0.as_ref().map(|spans| &spans.call)
     }
 
-    /// Opens the span of an attempt just sent, and records the call's resends so far
-    /// (OpenTelemetry's `http.request.resend_count`).
-    pub(crate) fn sent(&mut self, attempt: AttemptFields) {
-        if attempt.send > 1 {
-            self.call
-                .record("http.request.resend_count", attempt.send - 1);
+    /// The engine sent attempt `id` for `send` (`None` for the first attempt): opens its
+    /// span, records the call's resends so far (OpenTelemetry's `http.request.resend_count`),
+    /// and tells of a hedge.
+    pub(crate) fn sent(&mut self, id: AttemptId, send: Option<Dispatch>) {
+        let (transparent, hedge) = send.map_or((false, false), |s| (s.transparent, s.hedge));
+        if hedge && !transparent {
+            tracing::debug!(attempt = id.send, "hedge sent");
+        }
+        let Some(spans) = &mut self.0 else {
+            return;
+        };
+        if id.send > 1 {
+            spans.call.record("http.request.resend_count", id.send - 1);
         }
         let span = tracing::debug_span!(
-            parent: &self.call,
+            parent: &spans.call,
             "attempt",
-            attempt = attempt.send,
-            "previous-rpc-attempts" = attempt.previous,
-            "transparent-retry" = attempt.transparent,
-            hedge = attempt.hedge,
+            attempt = id.send,
+            "previous-rpc-attempts" = id.number - 1,
+            "transparent-retry" = transparent,
+            hedge = hedge,
             outcome = tracing::field::Empty,
         );
-        self.open.push((attempt.send, span));
+        spans.open.push((id.send, span));
     }
 
-    /// Enters the span of attempt `send`, while the attempt is polled.
-    pub(crate) fn enter(&self, send: u32) -> Option<tracing::span::Entered<'_>> {
-        let (_, span) = self.open.iter().find(|(a, _)| *a == send)?;
+    /// Enters the span of attempt `id`, while the attempt is polled.
+    pub(crate) fn enter(&self, id: AttemptId) -> Option<tracing::span::Entered<'_>> {
+        let spans = self.0.as_ref()?;
+        let (_, span) = spans.open.iter().find(|(send, _)| *send == id.send)?;
         Some(span.enter())
     }
 
-    /// Attempt `send` answered, as the policy's classifier saw it.
-    pub(crate) fn answered(&mut self, send: u32, outcome: &Outcome) {
+    /// Attempt `id` answered, as the policy's classifier saw it.
+    pub(crate) fn answered(&mut self, id: AttemptId, outcome: &Outcome) {
         let name = match outcome {
             Outcome::Success => "success",
             Outcome::Retryable(_) => "retryable",
@@ -211,22 +206,29 @@ impl AttemptSpans {
             Outcome::NotSent => "not sent",
             Outcome::Refused => "refused",
         };
-        self.close(|a| a == send, name);
+        self.close(|send| send == id.send, name);
     }
 
-    /// The driver drops the attempts `which` picks unanswered: cancelled.
-    pub(crate) fn cancelled(&mut self, which: impl Fn(u32) -> bool) {
-        self.close(which, "cancelled");
+    /// The call committed to `kept` ([`Action::Cancel`](crate::engine::Action::Cancel)): every
+    /// other attempt is dropped unanswered.
+    pub(crate) fn cancelled(&mut self, kept: Option<AttemptId>) {
+        self.close(
+            |send| kept.is_none_or(|kept| kept.send != send),
+            "cancelled",
+        );
     }
 
-    /// Attempt `send` outlived its per-attempt timeout.
-    pub(crate) fn timed_out(&mut self, send: u32) {
-        self.close(|a| a == send, "timed out");
+    /// Attempt `id` outlived its per-attempt timeout.
+    pub(crate) fn timed_out(&mut self, id: AttemptId) {
+        self.close(|send| send == id.send, "timed out");
     }
 
     /// Records `outcome` on the spans of the attempts `which` picks, and closes them.
     fn close(&mut self, which: impl Fn(u32) -> bool, outcome: &'static str) {
-        self.open.retain(|(send, span)| {
+        let Some(spans) = &mut self.0 else {
+            return;
+        };
+        spans.open.retain(|(send, span)| {
             if which(*send) {
                 span.record("outcome", outcome);
                 return false;
@@ -236,15 +238,8 @@ impl AttemptSpans {
     }
 }
 
-impl Drop for AttemptSpans {
+impl Drop for CallTrace {
     fn drop(&mut self) {
         self.close(|_| true, "cancelled");
-    }
-}
-
-/// Tells of a hedge: a counted attempt sent while others may be in flight.
-pub(crate) fn hedge_sent(send: u32, hedge: bool) {
-    if hedge {
-        tracing::debug!(attempt = send, "hedge sent");
     }
 }

@@ -476,8 +476,8 @@ impl tower::Service<http::Request<http_body_util::Full<bytes::Bytes>>> for Scrip
     }
 }
 
-/// Item 6 of the engine's books: a call gives the same attempt count and statistics
-/// whichever driver runs it, since both post what the engine recorded.
+/// Item 6 of the engine's books: a call gives the same attempt count, statistics and
+/// attempt spans whichever driver runs it, since both report what the engine recorded.
 #[tokio::test(start_paused = true)]
 async fn both_drivers_keep_the_same_books_of_the_same_calls() {
     use tower::{Layer as _, ServiceExt as _};
@@ -521,7 +521,11 @@ async fn both_drivers_keep_the_same_books_of_the_same_calls() {
         let invoker = channel
             .clone()
             .with_interceptor(RetryInterceptor::new(grpc_policies.clone()));
-        let seen = unary(&invoker, CallOptions::new()).await;
+        let grpc_trace = AttemptTrace::default();
+        let seen = {
+            let _traced = grpc_trace.install();
+            unary(&invoker, CallOptions::new()).await
+        };
         let grpc_attempts = channel.log().started.len();
         let grpc_previous = seen.previous_attempts();
 
@@ -533,7 +537,11 @@ async fn both_drivers_keep_the_same_books_of_the_same_calls() {
             .header("content-type", "application/grpc")
             .body(http_body_util::Full::new(bytes::Bytes::from_static(b"m")))
             .expect("a valid request");
-        let response = service.oneshot(request).await.expect("infallible");
+        let tower_trace = AttemptTrace::default();
+        let response = {
+            let _traced = tower_trace.install();
+            service.oneshot(request).await.expect("infallible")
+        };
         let tower_previous = response
             .headers()
             .get("grpc-previous-rpc-attempts")
@@ -558,6 +566,98 @@ async fn both_drivers_keep_the_same_books_of_the_same_calls() {
             !books(&grpc_policies).is_empty(),
             "{name}: the calls were counted"
         );
+        let attempts = grpc_trace.attempts();
+        assert_eq!(attempts, tower_trace.attempts(), "{name}: attempt spans");
+        assert_eq!(attempts.len(), grpc_attempts, "{name}: a span per attempt");
+        assert!(
+            attempts.iter().all(|attempt| attempt.contains("outcome=")),
+            "{name}: every attempt span closed with its outcome: {attempts:#?}"
+        );
+    }
+}
+
+/// The `attempt` spans opened while it is installed (on this thread), each as its fields.
+#[derive(Clone, Default)]
+struct AttemptTrace(Arc<Mutex<AttemptSpans>>);
+
+#[derive(Default)]
+struct AttemptSpans {
+    /// Each span's fields, in the order the spans were opened.
+    fields: Vec<Vec<(String, String)>>,
+    /// Where each open span's fields are, by span id.
+    open: std::collections::HashMap<tracing::span::Id, usize>,
+}
+
+impl AttemptTrace {
+    fn install(&self) -> tracing::subscriber::DefaultGuard {
+        use tracing_subscriber::layer::SubscriberExt as _;
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(self.clone()))
+    }
+
+    /// Each attempt span, as `name=value` fields sorted by name.
+    fn attempts(&self) -> Vec<String> {
+        let spans = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        spans
+            .fields
+            .iter()
+            .map(|fields| {
+                let mut fields: Vec<String> = fields
+                    .iter()
+                    .map(|(name, value)| format!("{name}={value}"))
+                    .collect();
+                fields.sort();
+                fields.join(" ")
+            })
+            .collect()
+    }
+}
+
+/// A span's fields, as text.
+struct Fields<'a>(&'a mut Vec<(String, String)>);
+
+impl tracing::field::Visit for Fields<'_> {
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        self.0.push((field.name().to_owned(), value.to_owned()));
+    }
+
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        self.0.push((field.name().to_owned(), format!("{value:?}")));
+    }
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for AttemptTrace {
+    fn on_new_span(
+        &self,
+        attrs: &tracing::span::Attributes<'_>,
+        id: &tracing::span::Id,
+        _: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        if attrs.metadata().name() != "attempt" {
+            return;
+        }
+        let mut spans = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut fields = Vec::new();
+        attrs.record(&mut Fields(&mut fields));
+        spans.fields.push(fields);
+        let index = spans.fields.len() - 1;
+        spans.open.insert(id.clone(), index);
+    }
+
+    fn on_record(
+        &self,
+        id: &tracing::span::Id,
+        record: &tracing::span::Record<'_>,
+        _: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        let mut spans = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(&index) = spans.open.get(id) {
+            record.record(&mut Fields(&mut spans.fields[index]));
+        }
+    }
+
+    fn on_close(&self, id: tracing::span::Id, _: tracing_subscriber::layer::Context<'_, S>) {
+        let mut spans = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        spans.open.remove(&id);
     }
 }
 

@@ -25,7 +25,7 @@ use crate::error::BoxError;
 use crate::error::{attempt_timed_out, deadline_exceeded};
 use crate::resets::Stop;
 
-use crate::telemetry::{AttemptFields, AttemptSpans};
+use crate::telemetry::CallTrace;
 
 pin_project! {
     /// A call the engine runs.
@@ -159,7 +159,7 @@ where
     engine: Engine,
     planned: Planned,
     // The call's span and its attempts', if the call's span is enabled.
-    spans: Option<Box<AttemptSpans>>,
+    trace: CallTrace,
 }
 
 impl<S, B> CallExtras<S, B>
@@ -182,7 +182,7 @@ where
             call,
             engine,
             planned,
-            spans: AttemptSpans::of_call(span),
+            trace: CallTrace::of_call(span),
         })
     }
 }
@@ -224,7 +224,7 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Output<RB>> {
         let mut this = self.project();
-        let span = this.state.spans.as_ref().map(|spans| spans.call().clone());
+        let span = this.state.trace.call().cloned();
         let _enter = span.as_ref().map(tracing::Span::enter);
         let read = || tokio::time::Instant::now().into_std();
         let mut rng = LazyRng::default();
@@ -273,8 +273,7 @@ where
     B: Replay,
 {
     if this.first.is_some() {
-        let spans = this.state.spans.as_deref();
-        let entered = spans.and_then(|s| s.enter(AttemptId::FIRST.send));
+        let entered = this.state.trace.enter(AttemptId::FIRST);
         let polled = this.first.as_mut().poll(cx);
         drop(entered);
         if let Some(Poll::Ready(result)) = polled {
@@ -292,8 +291,7 @@ where
         .as_mut()
         .and_then(|l| l.attempts.get_mut(i))
     {
-        let spans = this.state.spans.as_deref();
-        let entered = spans.and_then(|s| s.enter(attempt.id.send));
+        let entered = this.state.trace.enter(attempt.id);
         let polled = attempt.future.as_mut().poll(cx);
         drop(entered);
         let Poll::Ready(result) = polled else {
@@ -340,9 +338,7 @@ where
                 for (id, future) in take_attempts(this.first.as_mut(), &mut state.later, keep) {
                     state.stop(id, future);
                 }
-                if let Some(spans) = &mut state.spans {
-                    spans.cancelled(|send| kept.is_none_or(|kept| kept.send != send));
-                }
+                state.trace.cancelled(kept);
             }
             Action::TimedOut(id) => {
                 let state = &mut **this.state;
@@ -350,9 +346,7 @@ where
                 for (id, future) in stopped {
                     state.stop(id, future);
                 }
-                if let Some(spans) = &mut this.state.spans {
-                    spans.timed_out(id.send);
-                }
+                this.state.trace.timed_out(id);
                 let error = attempt_timed_out(this.state.planned.grpc);
                 LaterAttempts::of(&mut this.state.later).last = Some(Err(error));
             }
@@ -426,16 +420,7 @@ where
     let service = later.service.as_mut().expect("polled ready above");
     let future = Box::pin(super::sending(|| service.call(request)));
     later.attempts.push(Attempt { id, future });
-    crate::telemetry::hedge_sent(id.send, send.hedge && !send.transparent);
-    if let Some(spans) = &mut state.spans {
-        let fields = AttemptFields {
-            send: id.send,
-            previous: id.number - 1,
-            transparent: send.transparent,
-            hedge: send.hedge,
-        };
-        spans.sent(fields);
-    }
+    state.trace.sent(id, Some(send));
     Sent::Yes
 }
 
@@ -550,9 +535,7 @@ where
     };
     let state = &mut **this.state;
     let (verdict, outcome) = state.engine.on_answer(id, view, &state.call, inputs);
-    if let Some(spans) = &mut state.spans {
-        spans.answered(id.send, &outcome);
-    }
+    state.trace.answered(id, &outcome);
     match verdict {
         Verdict::Return(marks) => {
             // A call answered by its only attempt has nothing left to stop.
