@@ -199,36 +199,39 @@ impl CallTrace {
 
     /// Attempt `id` answered, as the policy's classifier saw it.
     pub(crate) fn answered(&mut self, id: AttemptId, outcome: &Outcome) {
-        let name = match outcome {
-            Outcome::Success => "success",
-            Outcome::Retryable(_) => "retryable",
-            Outcome::Fatal(_) => "fatal",
-            Outcome::NotSent => "not sent",
-            Outcome::Refused => "refused",
-        };
-        self.close(|send| send == id.send, name);
+        if let Some(spans) = &mut self.0 {
+            let name = match outcome {
+                Outcome::Success => "success",
+                Outcome::Retryable(_) => "retryable",
+                Outcome::Fatal(_) => "fatal",
+                Outcome::NotSent => "not sent",
+                Outcome::Refused => "refused",
+            };
+            spans.close(|send| send == id.send, name);
+        }
     }
 
     /// The call committed to `kept` ([`Action::Cancel`](crate::engine::Action::Cancel)): every
     /// other attempt is dropped unanswered.
     pub(crate) fn cancelled(&mut self, kept: Option<AttemptId>) {
-        self.close(
-            |send| kept.is_none_or(|kept| kept.send != send),
-            "cancelled",
-        );
+        if let Some(spans) = &mut self.0 {
+            let cut_off = |send| kept.is_none_or(|kept: AttemptId| kept.send != send);
+            spans.close(cut_off, "cancelled");
+        }
     }
 
     /// Attempt `id` outlived its per-attempt timeout.
     pub(crate) fn timed_out(&mut self, id: AttemptId) {
-        self.close(|send| send == id.send, "timed out");
+        if let Some(spans) = &mut self.0 {
+            spans.close(|send| send == id.send, "timed out");
+        }
     }
+}
 
+impl Spans {
     /// Records `outcome` on the spans of the attempts `which` picks, and closes them.
     fn close(&mut self, which: impl Fn(u32) -> bool, outcome: &'static str) {
-        let Some(spans) = &mut self.0 else {
-            return;
-        };
-        spans.open.retain(|(send, span)| {
+        self.open.retain(|(send, span)| {
             if which(*send) {
                 span.record("outcome", outcome);
                 return false;
@@ -238,7 +241,8 @@ impl CallTrace {
     }
 }
 
-impl Drop for CallTrace {
+/// The spans left open when the call ends are cancelled.
+impl Drop for Spans {
     fn drop(&mut self) {
         self.close(|_| true, "cancelled");
     }
