@@ -158,8 +158,11 @@ fn a_hedge_that_cannot_start_before_the_deadline_fails_the_call_at_once() {
 fn a_service_error_with_an_attempt_in_flight_waits_for_that_attempt() {
     let mut engine = engine_of(hedge_rules(3, ms(10)), Some(t0() + ms(500)));
     poll(&mut engine, t0());
-    assert!(matches!(poll(&mut engine, t0() + ms(10)), Action::Send(_)));
-    assert!(!engine.on_service_error(), "the first attempt is in flight");
+    let Action::Send(send) = poll(&mut engine, t0() + ms(10)) else {
+        panic!("the hedge is due")
+    };
+    let failed = at(t0() + ms(10), |i| engine.admit(send, Readiness::Failed, i));
+    assert_eq!(failed, Admission::Refused, "the first attempt is in flight");
     assert_eq!(
         poll(&mut engine, t0() + ms(10)),
         Action::Wait(Some(t0() + ms(500)))
@@ -173,12 +176,76 @@ fn a_service_error_with_an_attempt_in_flight_waits_for_that_attempt() {
         ),
         Verdict::Return
     );
-    // With nothing in flight, the service's error is the call's.
+    // With nothing in flight, the service's error is the call's, marked with its attempts.
     let mut engine = engine_of(hedge_rules(3, ms(10)), None);
     poll(&mut engine, t0());
     answer(&mut engine, AttemptId::FIRST, RETRYABLE, t0());
-    assert!(matches!(poll(&mut engine, t0()), Action::Send(_)));
-    assert!(engine.on_service_error());
+    let Action::Send(send) = poll(&mut engine, t0()) else {
+        panic!("the next hedge goes at once")
+    };
+    let failed = at(t0(), |i| engine.admit(send, Readiness::Failed, i));
+    let Admission::Failed(marks) = failed else {
+        panic!("{failed:?}: the call ends with the service's error")
+    };
+    assert_eq!((marks.attempts.sent(), marks.previous), (1, 0));
+}
+
+#[test]
+fn a_send_whose_service_is_not_ready_wakes_the_call_only_for_what_comes_later() {
+    let mut engine = engine_of(hedge_rules(3, ms(10)), Some(t0() + ms(500)));
+    poll(&mut engine, t0());
+    let Action::Send(send) = poll(&mut engine, t0() + ms(10)) else {
+        panic!("the hedge is due")
+    };
+    // The due hedge is not a reason to wake: the service wakes the call when it is ready.
+    let pending = at(t0() + ms(15), |i| engine.admit(send, Readiness::Pending, i));
+    assert_eq!(pending, Admission::Wait(Some(t0() + ms(500))));
+    // Still due, and sent once the service is ready.
+    assert_eq!(poll(&mut engine, t0() + ms(15)), Action::Send(send));
+    assert_eq!(admit(&mut engine, send), Admission::Send);
+}
+
+#[test]
+fn a_call_s_books_close_once_with_what_was_not_posted() {
+    let policies = crate::Policies::builder().build();
+    let books = || Books {
+        policies: &policies,
+        route: None,
+        path: "/svc.S/M",
+        #[cfg(feature = "opentelemetry")]
+        authority: None,
+        #[cfg(feature = "opentelemetry")]
+        extensions: None,
+    };
+    let retries = |policies: &crate::Policies| {
+        let snapshot = policies.stats().snapshot();
+        snapshot
+            .methods
+            .get("/svc.S/M")
+            .map(|m| (m.retry_attempts, m.retry_failures))
+    };
+    let mut engine = engine_of(rules(Mode::Retry(retry_policy(|b| b)), 5, None), None);
+    // A call of one attempt has nothing to post, and makes no entry in the statistics.
+    engine_of(rules(Mode::Retry(retry_policy(|b| b)), 5, None), None).close(books);
+    assert_eq!(retries(&policies), None);
+    assert_eq!(
+        answer(&mut engine, AttemptId::FIRST, RETRYABLE, t0()),
+        Verdict::Keep
+    );
+    let Action::Wait(Some(due)) = poll(&mut engine, t0()) else {
+        panic!("a backoff")
+    };
+    let Action::Send(send) = poll(&mut engine, due) else {
+        panic!("the retry is due")
+    };
+    let second = sent(&mut engine, send, due);
+    // The retry's failure ends the call before any poll posts what was recorded.
+    let fatal = Outcome::Fatal(None);
+    assert_eq!(answer(&mut engine, second, fatal, due), Verdict::Return);
+    engine.close(books);
+    assert_eq!(retries(&policies), Some((1, 1)));
+    engine.close(books);
+    assert_eq!(retries(&policies), Some((1, 1)), "nothing posted twice");
 }
 
 #[test]
