@@ -77,8 +77,12 @@ impl std::error::Error for DeadlineExceeded {}
 /// An attempt outlived the policy's per-attempt timeout and was cancelled. Retryable; it is
 /// returned only when no attempt is left.
 ///
-/// For gRPC requests with the `tonic` feature, the layers return a
-/// `tonic::Status::deadline_exceeded` whose source is this error.
+/// For gRPC requests with the `tonic` feature, the layers return a `tonic::Status` with
+/// code `CANCELLED` whose source is this error, as gRPC C-core ends a call whose last
+/// attempt outlived the service config's `perAttemptRecvTimeout`; whether the timeout came
+/// from the service config or from
+/// [`per_attempt_timeout`](crate::policy::RetryPolicyBuilder::per_attempt_timeout), the
+/// outcome is the same.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct AttemptTimedOut(());
 
@@ -87,6 +91,10 @@ impl AttemptTimedOut {
         AttemptTimedOut(())
     }
 }
+
+/// The message of the status a gRPC call ends with when its last attempt timed out.
+#[cfg(any(feature = "tonic", feature = "grpc"))]
+pub(crate) const ATTEMPT_TIMED_OUT: &str = "per-attempt timeout exceeded";
 
 impl fmt::Display for AttemptTimedOut {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -204,13 +212,13 @@ pub(crate) fn deadline_exceeded(grpc: bool) -> BoxError {
     Box::new(DeadlineExceeded::new())
 }
 
-/// The error for a call whose last attempt hit the per-attempt timeout: a gRPC
-/// `DEADLINE_EXCEEDED` status (with [`AttemptTimedOut`] as its source) for gRPC requests when
-/// tonic is available, else [`AttemptTimedOut`].
+/// The error for a call whose last attempt hit the per-attempt timeout: a gRPC `CANCELLED`
+/// status (with [`AttemptTimedOut`] as its source) for gRPC requests when tonic is
+/// available, as C-core ends it, else [`AttemptTimedOut`].
 pub(crate) fn attempt_timed_out(grpc: bool) -> BoxError {
     #[cfg(feature = "tonic")]
     if grpc {
-        let mut status = tonic::Status::deadline_exceeded("attempt timed out");
+        let mut status = tonic::Status::cancelled(ATTEMPT_TIMED_OUT);
         status.set_source(std::sync::Arc::new(AttemptTimedOut::new()));
         return Box::new(status);
     }

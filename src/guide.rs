@@ -187,7 +187,9 @@
 //!    and a [`Deadline`](crate::metadata::Deadline) extension. It spans every attempt and every
 //!    wait; each gRPC attempt carries the *remaining* time in `grpc-timeout`. When it passes,
 //!    the call ends: a gRPC call with the `tonic` feature returns `Status::deadline_exceeded`,
-//!    other calls [`DeadlineExceeded`](crate::error::DeadlineExceeded).
+//!    other calls [`DeadlineExceeded`](crate::error::DeadlineExceeded). (A call whose last
+//!    attempt outlived a per-attempt timeout ends `CANCELLED` for gRPC, as in C-core, and
+//!    [`AttemptTimedOut`](crate::error::AttemptTimedOut) for HTTP.)
 //! 2. The body is made replayable within the [`BufferLimits`](crate::body::BufferLimits);
 //!    one that cannot be (its size is known to be over the limit) is sent once, untouched,
 //!    and its call is never retried.
@@ -331,7 +333,7 @@
 //! `connectionScaling.maxConnectionsPerSubchannel`, `waitForReady`, `timeout`,
 //! `maxRequestMessageBytes`, `maxResponseMessageBytes`, `name[].service` and
 //! `name[].method`), as is `retryPolicy.perAttemptRecvTimeout`, which grpc-java and C-core
-//! read. The contents of `loadBalancingConfig` belong to each load balancer and are not
+//! read, and this crate applies as C-core does. The contents of `loadBalancingConfig` belong to each load balancer and are not
 //! looked into.
 //!
 //! ```

@@ -70,7 +70,13 @@
 //!   grpc-go).
 //! * `retryPolicy`: `maxAttempts` an integer >= 2; `initialBackoff` and `maxBackoff`
 //!   durations > 0; `backoffMultiplier` a number > 0; `retryableStatusCodes` a
-//!   non-empty array of codes. All required.
+//!   non-empty array of codes. All required. `perAttemptRecvTimeout`, optional, a duration
+//!   > 0 (`"0s"` is an error, as in C-core); with it, `retryableStatusCodes` may be empty.
+//!   It is applied as gRPC C-core applies it: an attempt with no response headers by then
+//!   is cancelled and retried after the backoff whatever `retryableStatusCodes` lists
+//!   (`maxAttempts`, the throttle, for which it is a failure, and the deadline permitting),
+//!   and a gRPC call whose last attempt timed out ends `CANCELLED`; response headers in
+//!   time stop its timer.
 //! * `hedgingPolicy`: `maxAttempts` an integer >= 2 (required); `hedgingDelay` a
 //!   duration >= 0 (absent means 0: all attempts at once); `nonFatalStatusCodes` an
 //!   array of codes (absent means none).

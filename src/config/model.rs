@@ -39,8 +39,11 @@ pub(crate) struct RetryPolicyConfig {
     pub(crate) max_backoff: Duration,
     /// `backoffMultiplier`: finite and > 0.
     pub(crate) backoff_multiplier: f64,
-    /// `retryableStatusCodes`: never empty.
+    /// `retryableStatusCodes`: never empty without a `per_attempt_recv_timeout`.
     pub(crate) retryable_status_codes: GrpcCodes,
+    /// `perAttemptRecvTimeout`: > 0. An attempt without response headers by then is
+    /// cancelled and retried whatever `retryableStatusCodes` lists, as gRPC C-core does.
+    pub(crate) per_attempt_recv_timeout: Option<Duration>,
 }
 
 /// A validated `hedgingPolicy`.

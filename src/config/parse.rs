@@ -267,8 +267,19 @@ fn parse_retry_policy(
         _ => return Err(ConfigError::got(at, Rule::BackoffMultiplier, value)),
     };
 
+    let per_attempt_recv_timeout = match field(object, "perAttemptRecvTimeout") {
+        Some(value) => Some(positive_duration(
+            value,
+            &child(path, "perAttemptRecvTimeout"),
+        )?),
+        None => None,
+    };
+
+    // As in C-core: with a per-attempt timeout the codes may be empty (only timeouts are
+    // retried then), but the key is still required.
     let (value, at) = required(object, path, "retryableStatusCodes", known)?;
-    let retryable_status_codes = parse_status_codes(value, &at, true)?;
+    let retryable_status_codes =
+        parse_status_codes(value, &at, per_attempt_recv_timeout.is_none())?;
 
     Ok(RetryPolicyConfig {
         max_attempts,
@@ -276,6 +287,7 @@ fn parse_retry_policy(
         max_backoff,
         backoff_multiplier,
         retryable_status_codes,
+        per_attempt_recv_timeout,
     })
 }
 

@@ -7,7 +7,6 @@ use crate::policy::{
     HedgePolicy, HedgePolicyBuilder, MethodPolicy, Policies, PoliciesBuilder, RetryPolicy,
     RetryPolicyBuilder,
 };
-use crate::throttle::HedgeBudget;
 
 /// How [`ServiceConfig::policies_builder_with`] makes the layers' policies from a service
 /// config: the backoff jitter of retry policies, and (feature `retry-info`) whether every
@@ -221,16 +220,19 @@ fn method_policy(config: &MethodConfig, options: PolicyOptions) -> Option<Method
             if let Some(timeout) = config.timeout {
                 builder = builder.timeout(timeout);
             }
+            if let Some(timeout) = retry.per_attempt_recv_timeout {
+                builder = builder.per_attempt_timeout(timeout);
+            }
             MethodPolicy::from(builder.build().ok()?)
         }
         ConfigPolicy::Hedging(hedging) => {
-            // Beyond A6: a budget on the extra load of hedges (see `HedgeBudget`), which
-            // `PoliciesBuilder::hedge_budget` changes or turns off.
+            // Beyond A6, as for a policy built in code: the default budget on the extra load
+            // of hedges (see `HedgeBudget`), which `PoliciesBuilder::hedge_budget` changes or
+            // turns off, and the record of the backends tried.
             let builder = HedgePolicy::builder()
                 .max_attempts(hedging.max_attempts)
                 .delay(hedging.hedging_delay)
-                .wait_for_ready(wait_for_ready)
-                .budget(HedgeBudget::default());
+                .wait_for_ready(wait_for_ready);
             let mut builder = options.non_fatal(builder, hedging.non_fatal_status_codes);
             if let Some(timeout) = config.timeout {
                 builder = builder.timeout(timeout);

@@ -126,8 +126,8 @@ impl ServiceConfig {
     /// `loadBalancingConfig` (whose contents are each load balancer's own and are not
     /// looked into), `healthCheckConfig.serviceName`,
     /// `connectionScaling.maxConnectionsPerSubchannel`, a method config's `waitForReady`,
-    /// `timeout`, `maxRequestMessageBytes`, `maxResponseMessageBytes`, and a retry policy's
-    /// `perAttemptRecvTimeout` (read by grpc-java and C-core). Only the proto3 JSON names are
+    /// `timeout`, `maxRequestMessageBytes` and `maxResponseMessageBytes`. A retry policy's
+    /// `perAttemptRecvTimeout` (read by grpc-java and C-core) is read and applied. Only the proto3 JSON names are
     /// defined (`maxAttempts`, not `max_attempts` nor `MaxAttempts`, which grpc-go's
     /// case-insensitive decoding would also take): those are listed, with the field they
     /// stand for as the suggestion, as the crate does not read them.

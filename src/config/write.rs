@@ -79,6 +79,9 @@ fn method_config_value(config: &MethodConfig) -> Value {
                 "retryableStatusCodes".to_owned(),
                 codes_value(retry.retryable_status_codes),
             );
+            if let Some(timeout) = retry.per_attempt_recv_timeout {
+                policy.insert("perAttemptRecvTimeout".to_owned(), duration_value(timeout));
+            }
             object.insert("retryPolicy".to_owned(), Value::Object(policy));
         }
         Some(ConfigPolicy::Hedging(hedging)) => {

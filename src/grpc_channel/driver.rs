@@ -273,7 +273,9 @@ where
                 Action::TimedOut(id) => {
                     self.attempts.retain(|attempt| attempt.id != id);
                     self.trace.timed_out(id);
-                    let trailers = status(StatusCodeError::DeadlineExceeded, "attempt timed out");
+                    // CANCELLED, as C-core ends a call whose last attempt timed out.
+                    let trailers =
+                        status(StatusCodeError::Cancelled, crate::error::ATTEMPT_TIMED_OUT);
                     self.last = Some((id, Answer::ended(trailers)));
                 }
                 Action::End(End::Last(id), marks) => {

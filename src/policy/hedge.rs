@@ -78,18 +78,31 @@ impl fmt::Debug for HedgePolicy {
 }
 
 impl HedgePolicy {
-    /// A builder: 2 attempts, delay 0 (all at once), no non-fatal codes.
+    /// A builder: 2 attempts, no non-fatal codes, the default [`HedgeBudget`], backends
+    /// tracked, and no delay: [`delay`](HedgePolicyBuilder::delay) or
+    /// [`adaptive_delay`](HedgePolicyBuilder::adaptive_delay) must be given.
     pub fn builder() -> HedgePolicyBuilder {
         HedgePolicyBuilder {
             max_attempts: 2,
-            track_backends: false,
-            delay: HedgeDelay::Fixed(Duration::ZERO),
+            track_backends: true,
+            delay: None,
             classifier: None,
             timeout: None,
             non_idempotent: false,
             wait_for_ready: false,
-            budget: None,
+            budget: Some(HedgeBudget::default()),
         }
+    }
+
+    /// The budget on this policy's backup hedges, if it has one.
+    pub fn budget(&self) -> Option<&HedgeBudget> {
+        self.budget.as_ref()
+    }
+
+    /// Whether this policy's calls record the backends they tried (see
+    /// [`HedgePolicyBuilder::track_backends`]).
+    pub fn tracks_backends(&self) -> bool {
+        self.track_backends
     }
 
     /// The attempts allowed, including the first, before the client cap is applied.
@@ -117,10 +130,34 @@ impl HedgePolicy {
 }
 
 /// Builds a [`HedgePolicy`].
+///
+/// Defaults: 2 attempts; no non-fatal codes (every failure is fatal); no timeout;
+/// non-idempotent HTTP methods not hedged; [`HedgeBudget::default`] on the backups; backends
+/// tracked. The delay has no default: a policy built in code names it, so that "every copy
+/// at once" is never sent by accident.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_retry_hedge::HedgePolicy;
+/// use tower_retry_hedge::classify::{Code, GrpcCodes};
+///
+/// let policy = HedgePolicy::builder()
+///     .max_attempts(3)
+///     .delay(Duration::from_millis(50))
+///     .non_fatal(GrpcCodes::from([Code::Unavailable]))
+///     .build()?;
+/// assert!(policy.budget().is_some(), "the default budget");
+///
+/// // Without a delay the builder refuses; zero, named, sends every copy at once.
+/// assert!(HedgePolicy::builder().max_attempts(3).build().is_err());
+/// let all_at_once = HedgePolicy::builder().delay(Duration::ZERO).build()?;
+/// # let _ = all_at_once;
+/// # Ok::<(), tower_retry_hedge::error::BuildError>(())
+/// ```
 pub struct HedgePolicyBuilder {
     max_attempts: u32,
     track_backends: bool,
-    delay: HedgeDelay,
+    delay: Option<HedgeDelay>,
     classifier: Option<Arc<dyn Classify>>,
     timeout: Option<Duration>,
     non_idempotent: bool,
@@ -147,25 +184,28 @@ impl HedgePolicyBuilder {
     /// Gives every attempt of a hedged call a shared
     /// [`TriedBackends`](crate::metadata::TriedBackends) list, in which a load balancer records
     /// the backend it picked, so that later hedges can go elsewhere (A6: "hedged requests
-    /// should be sent to distinct backends"). Off by default: it costs a few allocations per
-    /// call, worth it only when a balancer below reads it.
+    /// should be sent to distinct backends"). On by default, for policies built in code and
+    /// from service-config JSON alike: the record is one allocation per call, which a hedged
+    /// call, whose attempts overlap, needs for a balancer below to keep that promise.
+    /// `false` drops it for this policy's calls, unless
     /// [`PoliciesBuilder::track_backends`](crate::policy::PoliciesBuilder::track_backends)
-    /// turns it on for every call of a table; a call keeps the list if either asks.
+    /// turns it on for every call of the table; a call keeps the list if either asks.
     pub fn track_backends(mut self, enabled: bool) -> Self {
         self.track_backends = enabled;
         self
     }
 
-    /// A fixed delay between hedges; zero sends every attempt at once.
+    /// A fixed delay between hedges; zero sends every attempt at once. A policy built in
+    /// code must give this or [`adaptive_delay`](Self::adaptive_delay).
     pub fn delay(mut self, delay: Duration) -> Self {
-        self.delay = HedgeDelay::Fixed(delay);
+        self.delay = Some(HedgeDelay::Fixed(delay));
         self
     }
 
     /// A delay that follows a latency percentile of recent successful attempts, clamped,
     /// with a fixed fallback until enough samples are in (beyond A6).
     pub fn adaptive_delay(mut self, delay: AdaptiveDelay) -> Self {
-        self.delay = HedgeDelay::Adaptive(delay);
+        self.delay = Some(HedgeDelay::Adaptive(delay));
         self
     }
 
@@ -207,9 +247,10 @@ impl HedgePolicyBuilder {
 
     /// Caps the extra load this policy's hedges add: a backup hedge over the budget is not
     /// sent, and the call keeps waiting on the attempts in flight with no more backups (the
-    /// hedge a non-fatal failure owes still goes at once; see [`HedgeBudget`]). None by
-    /// default for a policy built in code, as in A6; policies made from service-config JSON
-    /// get [`HedgeBudget::default`].
+    /// hedge a non-fatal failure owes still goes at once; see [`HedgeBudget`]).
+    /// [`HedgeBudget::default`] (5 % of the calls over 10 s, plus 2 hedges a second) unless
+    /// given another, for policies built in code and from service-config JSON alike; `None`
+    /// hedges without a cap on the extra load, as A6 does.
     ///
     /// ```
     /// use std::time::Duration;
@@ -221,11 +262,18 @@ impl HedgePolicyBuilder {
     ///     .delay(Duration::from_millis(2))
     ///     .budget(HedgeBudget::new(Duration::from_secs(10), 1, 0.05)?)
     ///     .build()?;
+    ///
+    /// // A6 to the letter: no cap on the backups.
+    /// let unbounded = HedgePolicy::builder()
+    ///     .delay(Duration::from_millis(2))
+    ///     .budget(None)
+    ///     .build()?;
+    /// assert!(unbounded.budget().is_none());
     /// # let _ = policy;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn budget(mut self, budget: HedgeBudget) -> Self {
-        self.budget = Some(budget);
+    pub fn budget(mut self, budget: impl Into<Option<HedgeBudget>>) -> Self {
+        self.budget = budget.into();
         self
     }
 
@@ -234,10 +282,17 @@ impl HedgePolicyBuilder {
         if self.max_attempts < 2 {
             return Err(BuildError::new("max_attempts", "must be at least 2"));
         }
+        let Some(delay) = self.delay else {
+            return Err(BuildError::new(
+                "delay",
+                "must be given: delay(..) or adaptive_delay(..); delay(Duration::ZERO) sends \
+                 every attempt at once",
+            ));
+        };
         Ok(HedgePolicy {
             max_attempts: self.max_attempts,
             track_backends: self.track_backends,
-            delay: self.delay,
+            delay,
             classifier: self
                 .classifier
                 .unwrap_or_else(|| Arc::new(GrpcCodes::empty())),

@@ -221,8 +221,28 @@ impl RetryPolicyBuilder {
         self
     }
 
-    /// Cancels an attempt that takes longer than `timeout` and counts it as a retryable
-    /// failure (Envoy's `per_try_timeout`). The call's deadline still spans every attempt.
+    /// Cancels an attempt that has no answer (for HTTP/2, no response headers) within
+    /// `timeout` and counts it as a retryable failure whatever the classifier says (Envoy's
+    /// `per_try_timeout`; the service config's `retryPolicy.perAttemptRecvTimeout`, which
+    /// policies from JSON read). The timeout is a failure for the throttle, and the retry
+    /// waits for the backoff. An answer in time stops its timer, however long its body then
+    /// streams. The call's deadline still spans every attempt.
+    ///
+    /// When no attempt is left, a gRPC call ends `CANCELLED` (as gRPC C-core ends it), with
+    /// [`AttemptTimedOut`](crate::error::AttemptTimedOut) as the status's source; an HTTP
+    /// call fails with [`AttemptTimedOut`](crate::error::AttemptTimedOut).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_retry_hedge::RetryPolicy;
+    ///
+    /// let policy = RetryPolicy::builder()
+    ///     .max_attempts(3)
+    ///     .per_attempt_timeout(Duration::from_millis(200))
+    ///     .build()?;
+    /// # let _ = policy;
+    /// # Ok::<(), tower_retry_hedge::error::BuildError>(())
+    /// ```
     pub fn per_attempt_timeout(mut self, timeout: Duration) -> Self {
         self.per_attempt_timeout = Some(timeout);
         self

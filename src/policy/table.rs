@@ -660,7 +660,10 @@ mod tests {
     }
 
     fn hedge() -> HedgePolicy {
-        HedgePolicy::builder().build().unwrap()
+        HedgePolicy::builder()
+            .delay(Duration::ZERO)
+            .build()
+            .unwrap()
     }
 
     #[test]

@@ -833,7 +833,10 @@ fn response_futures_are_unpin_when_the_inner_future_is() {
     let hedge_policies = Policies::builder()
         .method(
             METHOD,
-            tower_retry_hedge::HedgePolicy::builder().build().unwrap(),
+            tower_retry_hedge::HedgePolicy::builder()
+                .delay(Duration::ZERO)
+                .build()
+                .unwrap(),
         )
         .build();
     let mut hedge = tower_retry_hedge::HedgeLayer::new(hedge_policies).layer(inner);

@@ -80,11 +80,11 @@ fn the_plan_of_a_call_is_its_policy_whichever_layer_meets_it_first() {
     assert!(plan(None, &off, &get_facts, None, None, &never).is_none());
     let start = drive(plan(None, &TABLE, &get_facts, None, None, &never));
     assert!(matches!(start.rules.mode, Mode::Single));
-    // A hedging policy keeps its record of backends, whatever the table says.
+    // A hedging policy keeps its record of backends (by default), whatever the table says.
     let hedge = HedgePolicy::builder()
         .max_attempts(2)
+        .delay(Duration::ZERO)
         .non_fatal(GrpcCodes::from([Code::Unavailable]))
-        .track_backends(true)
         .build()
         .unwrap();
     let hedge = MethodPolicy::Hedge(Arc::new(hedge));

@@ -30,6 +30,7 @@ const IB: &str = "methodConfig[0].retryPolicy.initialBackoff";
 const MB: &str = "methodConfig[0].retryPolicy.maxBackoff";
 const BM: &str = "methodConfig[0].retryPolicy.backoffMultiplier";
 const RC: &str = "methodConfig[0].retryPolicy.retryableStatusCodes";
+const PT: &str = "methodConfig[0].retryPolicy.perAttemptRecvTimeout";
 const HP: &str = "methodConfig[0].hedgingPolicy";
 const MT: &str = "retryThrottling.maxTokens";
 const TR: &str = "retryThrottling.tokenRatio";

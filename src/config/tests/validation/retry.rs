@@ -114,9 +114,30 @@ pub(super) fn cases() -> Vec<(&'static str, String, Expect)> {
             }),
         ),
         (
-            "unknown fields inside the policy ignored",
-            with_retry(&retry_policy(&[("perAttemptRecvTimeout", Some("\"1s\""))])),
-            Valid(|c| assert_eq!(retry_of(c).max_attempts, 3)),
+            "perAttemptRecvTimeout is read",
+            with_retry(&retry_policy(&[("perAttemptRecvTimeout", Some("\"1.5s\""))])),
+            Valid(|c| {
+                let r = retry_of(c);
+                assert_eq!(r.per_attempt_recv_timeout, Some(Duration::from_millis(1500)));
+                assert_eq!(r.max_attempts, 3);
+            }),
+        ),
+        (
+            "perAttemptRecvTimeout absent is none",
+            with_retry(&retry_policy(&[])),
+            Valid(|c| assert_eq!(retry_of(c).per_attempt_recv_timeout, None)),
+        ),
+        (
+            "perAttemptRecvTimeout lets retryableStatusCodes be empty, as in C-core",
+            with_retry(&retry_policy(&[
+                ("perAttemptRecvTimeout", Some("\"0.05s\"")),
+                ("retryableStatusCodes", Some("[]")),
+            ])),
+            Valid(|c| {
+                let r = retry_of(c);
+                assert_eq!(r.retryable_status_codes, GrpcCodes::empty());
+                assert_eq!(r.per_attempt_recv_timeout, Some(Duration::from_millis(50)));
+            }),
         ),
         // ---- retryPolicy: invalid, as C-core ----
         (
@@ -241,6 +262,39 @@ pub(super) fn cases() -> Vec<(&'static str, String, Expect)> {
             "retryableStatusCodes missing",
             with_retry(&retry_policy(&[("retryableStatusCodes", None)])),
             Invalid(RC, Rule::Missing),
+        ),
+        (
+            "retryableStatusCodes missing, even with perAttemptRecvTimeout",
+            with_retry(&retry_policy(&[
+                ("perAttemptRecvTimeout", Some("\"1s\"")),
+                ("retryableStatusCodes", None),
+            ])),
+            Invalid(RC, Rule::Missing),
+        ),
+        (
+            "perAttemptRecvTimeout 0s, as C-core (must be greater than 0)",
+            with_retry(&retry_policy(&[("perAttemptRecvTimeout", Some("\"0s\""))])),
+            Invalid(PT, Rule::NotPositive),
+        ),
+        (
+            "perAttemptRecvTimeout negative",
+            with_retry(&retry_policy(&[("perAttemptRecvTimeout", Some("\"-1s\""))])),
+            Invalid(PT, Rule::NotPositive),
+        ),
+        (
+            "perAttemptRecvTimeout without its unit",
+            with_retry(&retry_policy(&[("perAttemptRecvTimeout", Some("\"1\""))])),
+            Invalid(PT, Rule::Duration(DurationError::MissingSuffix)),
+        ),
+        (
+            "perAttemptRecvTimeout as a number",
+            with_retry(&retry_policy(&[("perAttemptRecvTimeout", Some("1"))])),
+            Invalid(
+                PT,
+                Rule::WrongType {
+                    expected: "a duration string such as \"0.1s\"",
+                },
+            ),
         ),
         (
             "unknown code name",
