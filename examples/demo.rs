@@ -9,16 +9,18 @@
 //! The example starts a gRPC server on 127.0.0.1 whose failures are scripted, so every run
 //! tells the same story: some calls fail with `UNAVAILABLE` a few times, one gets a server
 //! pushback, one is told "do not retry", one is slow on its first attempt so that a hedge
-//! wins, and one outlives its deadline. The client makes ten calls through
+//! wins, one outlives its deadline, and the last ones fail until the retry throttle stops
+//! retrying. The client makes eleven calls through one layer, which retries the methods
+//! with a retry policy and hedges those with a hedging policy:
 //!
 //! ```text
-//! EchoClient -> HedgeLayer -> RetryLayer -> Probe (prints each attempt) -> tonic Channel
+//! EchoClient -> RetryLayer -> Probe (prints each attempt) -> tonic Channel
 //! ```
 //!
 //! and prints, per call, each attempt as it leaves the client, the crate's own `DEBUG`
 //! events (why it retried, for how long it waited), the result, the number of attempts the
 //! response reports and the waits between attempts. At the end it prints the per-method
-//! statistics of gRFC A6, the gRFC A96 metrics the layers recorded (read back from the
+//! statistics of gRFC A6, the gRFC A96 metrics the layer recorded (read back from the
 //! OpenTelemetry SDK's in-memory exporter) and what is left in the retry throttle. It
 //! finishes in about two seconds.
 
@@ -45,7 +47,7 @@ use tower_retry_hedge::config::ServiceConfig;
 use tower_retry_hedge::metadata::{AttemptInfo, Attempts};
 use tower_retry_hedge::stats::MethodSnapshot;
 use tower_retry_hedge::telemetry::RetryMetrics;
-use tower_retry_hedge::{HedgeLayer, RetryLayer};
+use tower_retry_hedge::RetryLayer;
 use tracing::span::Record;
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::field::RecordFields;
@@ -66,7 +68,9 @@ use pb::{Chunk, Digest, EchoReply, EchoRequest};
 /// The client's configuration: gRPC service-config JSON, as grpc-go or grpc-java would read
 /// it. `Unary` is retried (up to 4 attempts, backoff 20 ms doubling to 200 ms, ±20 %
 /// jitter), `ServerStream` is hedged (up to 3 attempts, a new one every 50 ms), and the
-/// retry throttle holds 20 tokens: retries stop while it is at or below half.
+/// retry throttle is the one the guide recommends, `{"maxTokens": 20, "tokenRatio": 1}`: a
+/// failure costs a token, a success earns one back, and retries and hedges stop while the
+/// bucket is at or below half (10 failures more than successes).
 const SERVICE_CONFIG: &str = r#"{
   "methodConfig": [
     {
@@ -88,7 +92,7 @@ const SERVICE_CONFIG: &str = r#"{
       }
     }
   ],
-  "retryThrottling": { "maxTokens": 20, "tokenRatio": 0.1 }
+  "retryThrottling": { "maxTokens": 20, "tokenRatio": 1 }
 }"#;
 
 /// What the server does with one attempt.
@@ -190,7 +194,14 @@ const SCENARIOS: &[Scenario] = &[
     },
     Scenario {
         rpc: Rpc::Unary,
-        story: "UNAVAILABLE again: this failure takes the throttle to half, so no retry",
+        story: "UNAVAILABLE every time again: 4 more failures take the throttle to half",
+        replies: &[],
+        then: UNAVAILABLE,
+        deadline: None,
+    },
+    Scenario {
+        rpc: Rpc::Unary,
+        story: "UNAVAILABLE again: the throttle is at half, so no retry",
         replies: &[],
         then: UNAVAILABLE,
         deadline: None,
@@ -260,7 +271,6 @@ async fn run_client(
         .await?;
     let timeline = Timeline::default();
     let svc = ServiceBuilder::new()
-        .layer(HedgeLayer::new(policies.clone()))
         .layer(RetryLayer::new(policies.clone()))
         .layer_fn(|inner| Probe {
             inner,
@@ -453,7 +463,7 @@ fn reported_attempts(
 
 /// Formats span fields when a span opens, and ignores values recorded later.
 ///
-/// The layers record `http.request.resend_count` on their span at every resend; the default
+/// The layer records `http.request.resend_count` on its span at every resend; the default
 /// formatter would append each value to the span's fields (`resend_count=1 resend_count=2`).
 #[derive(Default)]
 struct SpanFieldsAsOpened(DefaultFields);
@@ -509,7 +519,7 @@ impl Timeline {
     }
 }
 
-/// Sits between the layers and the channel: prints every attempt as it is sent.
+/// Sits between the layer and the channel: prints every attempt as it is sent.
 #[derive(Clone)]
 struct Probe<S> {
     inner: S,

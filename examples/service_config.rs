@@ -1,8 +1,8 @@
 //! The service config of gRFC A6 (its retry policy and retry throttling), applied to a
 //! tonic client that talks to a flaky server on 127.0.0.1.
 //!
-//! The example parses the JSON with [`ServiceConfig::from_json`], turns it into the layers'
-//! policy table, wraps a tonic `Channel` with [`HedgeLayer`] and [`RetryLayer`], and makes a
+//! The example parses the JSON with [`ServiceConfig::from_json`], turns it into a policy
+//! table, wraps a tonic `Channel` with one [`RetryLayer`], and makes a
 //! series of calls to a server (spawned here) that fails some attempts with `UNAVAILABLE`
 //! (retryable) or `INTERNAL` (not). Both sides print what they see: each attempt as the
 //! server received it, with its `grpc-previous-rpc-attempts`, and each call's outcome with
@@ -16,6 +16,12 @@
 //!    10, and retries need more than half of it, so the next failing call is not retried;
 //! 6. thirty successes earn 0.1 token each (`tokenRatio`), and the next failing call gets one
 //!    retry again (6.1 → 5.1, above half; 5.1 → 4.1, not).
+//!
+//! The throttle here is gRFC A6's example, `{"maxTokens": 10, "tokenRatio": 0.1}`, kept
+//! because this example exists to show the bucket refusing retries and refilling. It is not
+//! the crate's recommendation: at 30 % failure that bucket sits at half and stops nearly every
+//! retry. The guide recommends `{"maxTokens": 20, "tokenRatio": 1}`, which keeps retrying
+//! while fewer than half of the answers fail and stops after 10 failures more than successes.
 //!
 //! ```text
 //! cargo run --features tonic --example service_config
@@ -41,7 +47,7 @@ use tower_retry_hedge::backoff::Jitter;
 use tower_retry_hedge::config::ServiceConfig;
 use tower_retry_hedge::metadata::Attempts;
 use tower_retry_hedge::throttle::Throttle;
-use tower_retry_hedge::{HedgeLayer, RetryLayer};
+use tower_retry_hedge::RetryLayer;
 
 /// Code generated from `tests/proto/echo.proto` (package `test.echo`).
 #[allow(
@@ -59,7 +65,8 @@ use pb::echo_client::EchoClient;
 use pb::echo_server::{Echo, EchoServer};
 use pb::{Chunk, Digest, EchoReply, EchoRequest};
 
-/// gRFC A6's retry policy and throttling, for the echo service.
+/// gRFC A6's retry policy and throttling, for the echo service. The bucket `{10, 0.1}` is
+/// A6's example, chosen to show the throttle refusing; the recommended one is `{20, 1}`.
 const SERVICE_CONFIG: &str = r#"{
   "methodConfig": [{
     "name": [{"service": "test.echo.Echo"}],
@@ -235,16 +242,15 @@ async fn main() -> Result<(), Box<dyn Error>> {
     );
     println!("server listening on {addr}\n");
 
-    // The client: a channel under both layers. This config has only a retry policy; the
-    // hedge layer passes such calls through and would hedge the methods of a config
-    // with a hedgingPolicy.
+    // The client: a channel under one layer. It drives every call by its method's policy:
+    // this config has only a retry policy, and the same layer would hedge the methods of a
+    // config with a hedgingPolicy.
     let channel = Endpoint::from_shared(format!("http://{addr}"))?
         .tcp_nodelay(true)
         .connect()
         .await?;
     let client = EchoClient::new(
         ServiceBuilder::new()
-            .layer(HedgeLayer::new(policies.clone()))
             .layer(RetryLayer::new(policies.clone()))
             .service(channel),
     );

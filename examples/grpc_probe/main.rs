@@ -1,7 +1,7 @@
 //! A gRPC client for trying a service config against any live server, with no protobuf
 //! definitions: the payload bytes are sent as the message as they are, through the crate's
-//! [`HedgeLayer`](tower_retry_hedge::HedgeLayer) and
-//! [`RetryLayer`](tower_retry_hedge::RetryLayer) built from the config.
+//! [`RetryLayer`](tower_retry_hedge::RetryLayer) built from the config: one layer that
+//! retries the methods with a retry policy and hedges those with a hedging policy.
 //!
 //! ```text
 //! cargo run --features tonic --example grpc_probe -- \
@@ -20,7 +20,7 @@
 //!
 //! `attempts` is the count the response carried (the `Attempts` extension, or the
 //! `grpc-previous-rpc-attempts` metadata + 1, read from the status for an error); for an
-//! error that carries none (a deadline the layers enforce), the attempts the layers handed
+//! error that carries none (a deadline the layer enforces), the attempts the layer handed
 //! to the channel. An invalid service config exits with status 2 and names the JSON path
 //! of the error on stderr. `--help` prints every option.
 //!

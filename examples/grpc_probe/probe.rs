@@ -4,8 +4,9 @@
 //! * [`Args::parse`] reads the command line (no clap: a handful of flags).
 //! * [`RawCodec`] is a pass-through [`Codec`]: the message is the payload bytes as they
 //!   are, both ways, so no protobuf definitions are needed.
-//! * [`Probe::new`] builds the stack `HedgeLayer → RetryLayer → CountAttempts → Channel`
-//!   from a parsed service config; [`Probe::call`] makes one call and returns a
+//! * [`Probe::new`] builds the stack `RetryLayer → CountAttempts → Channel` from a parsed
+//!   service config (one layer drives every call by its method's policy: a retry policy is
+//!   retried, a hedging policy hedged); [`Probe::call`] makes one call and returns a
 //!   [`CallRecord`]; [`Probe::run`] makes them all, `concurrency` at a time, in call order.
 // The interop test uses only part of this file.
 #![allow(dead_code)]
@@ -31,7 +32,7 @@ use tower::ServiceBuilder;
 use tower_retry_hedge::classify::Code;
 use tower_retry_hedge::config::{ConfigError, ServiceConfig};
 use tower_retry_hedge::metadata::Attempts;
-use tower_retry_hedge::{Hedge, HedgeLayer, Retry, RetryLayer};
+use tower_retry_hedge::{Retry, RetryLayer};
 
 /// The most calls in flight at once that `--concurrency` accepts.
 pub const MAX_CONCURRENCY: usize = 10_000;
@@ -44,8 +45,8 @@ pub const USAGE: &str = "\
 usage: grpc_probe --target HOST:PORT --service-config JSON|@FILE --method /pkg.Service/Method
                   [--payload STRING] [--calls N] [--concurrency N] [--deadline-ms N]
 
-Sends N unary calls through the crate's hedge and retry layers, configured by a gRPC
-service config, and prints one JSON line per call, in call order:
+Sends N unary calls through the crate's retry layer (it retries or hedges each method as
+its policy says), configured by a gRPC service config, and prints one JSON line per call, in call order:
   {\"call\": 0, \"code\": 0, \"status\": \"OK\", \"message\": \"\", \"attempts\": 1, \"elapsed_ms\": 1.2}
 
   --target          the server, HOST:PORT (plain-text HTTP/2), or a full http:// URI
@@ -349,10 +350,10 @@ impl Decoder for RawDecoder {
 }
 
 // ---------------------------------------------------------------------------------
-// Counting attempts below the layers
+// Counting attempts below the layer
 // ---------------------------------------------------------------------------------
 
-/// A request extension every attempt of a call shares: the layers copy the request's
+/// A request extension every attempt of a call shares: the layer copies the request's
 /// extensions into each attempt.
 #[derive(Debug, Clone, Default)]
 pub struct AttemptCounter(Arc<AtomicU32>);
@@ -364,8 +365,8 @@ impl AttemptCounter {
     }
 }
 
-/// Counts the attempts the layers hand to the channel, so that a call that ends in an
-/// error the layers made themselves (a deadline) still reports its attempts.
+/// Counts the attempts the layer hands to the channel, so that a call that ends in an
+/// error the layer made itself (a deadline) still reports its attempts.
 #[derive(Debug, Clone)]
 pub struct CountAttempts<S>(S);
 
@@ -394,7 +395,7 @@ where
 // ---------------------------------------------------------------------------------
 
 /// The service stack under the gRPC client.
-pub type ProbeService = Hedge<Retry<CountAttempts<Channel>>>;
+pub type ProbeService = Retry<CountAttempts<Channel>>;
 
 /// What one call did: one output line.
 #[derive(Debug, Clone, PartialEq)]
@@ -409,9 +410,9 @@ pub struct CallRecord {
     pub message: String,
     /// The attempt count the response carried: its `Attempts` extension, else its
     /// `grpc-previous-rpc-attempts` metadata + 1. `None` when it carried neither, as for a
-    /// deadline the layers enforce (then [`CallRecord::attempts`] falls back on `sent`).
+    /// deadline the layer enforces (then [`CallRecord::attempts`] falls back on `sent`).
     pub reported_attempts: Option<u32>,
-    /// Attempts the layers handed to the channel, counted below them.
+    /// Attempts the layer handed to the channel, counted below it.
     pub sent: u32,
     /// The response message (empty on error).
     pub response: Bytes,
@@ -421,7 +422,7 @@ pub struct CallRecord {
 
 impl CallRecord {
     /// The attempts printed: the count the response reported, else the count seen below
-    /// the layers.
+    /// the layer.
     pub fn attempts(&self) -> u32 {
         self.reported_attempts.unwrap_or(self.sent)
     }
@@ -466,7 +467,7 @@ pub struct Probe {
 }
 
 impl Probe {
-    /// The client for `method` over `channel`: the layers get the config's policy table
+    /// The client for `method` over `channel`: the layer gets the config's policy table
     /// (and throttle), and the method config's `timeout` and message size limits apply
     /// as a gRPC client applies them. `deadline` (from `--deadline-ms`) and the config's
     /// `timeout` both bound each call; the shorter wins. A `timeout` of `0s` is read as no
@@ -483,7 +484,6 @@ impl Probe {
             .and_then(|policy| policy.timeout())
             .filter(|t| !t.is_zero());
         let service = ServiceBuilder::new()
-            .layer(HedgeLayer::new(policies.clone()))
             .layer(RetryLayer::new(policies))
             .layer_fn(CountAttempts)
             .service(channel);
