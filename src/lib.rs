@@ -146,6 +146,18 @@ pub mod telemetry;
 pub mod throttle;
 mod window;
 
+/// The README's code blocks, compiled as doctests (`cargo test --doc --all-features`), so
+/// that what the README shows is what the crate does. Its blocks use the `grpc`,
+/// `tonic-transport` and `opentelemetry` features.
+#[cfg(all(
+    doctest,
+    feature = "grpc",
+    feature = "tonic-transport",
+    feature = "opentelemetry"
+))]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
+
 pub use body::BufferLimits;
 pub use config::ServiceConfig;
 pub use error::BoxError;
