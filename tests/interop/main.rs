@@ -9,9 +9,11 @@
 //! not build (and might find stale); only `main`'s few lines of argument handling and exit
 //! codes are left out, and [`args`] covers the parsing they call.
 //!
-//! Needs `python3` with `grpcio`: `python3 -m pip install -r tests/interop/requirements.txt`.
-//! Without it every server test fails and says so; `SKIP_INTEROP=1` skips them explicitly.
-//! `INTEROP_PYTHON` names another interpreter.
+//! Needs `python3` with its `venv` module (Debian and Ubuntu: `apt-get install python3
+//! python3-venv`) and, the first time, network access to PyPI: the test makes a venv of its
+//! own, `target/interop-venv`, and installs `requirements.txt` there (see `python.rs`).
+//! Without them every server test fails and names what is missing; `SKIP_INTEROP=1` skips
+//! them explicitly. `INTEROP_PYTHON` names another interpreter, one that has grpcio.
 //!
 //! Times come from a real clock (the server is another process), so delays are checked as
 //! lower bounds only; the server's clock is used for gaps between its own arrivals.
@@ -21,6 +23,7 @@ mod probe;
 
 #[cfg(feature = "grpc")]
 mod channel_probe;
+mod python;
 
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -36,8 +39,8 @@ use tower_retry_hedge::config::ServiceConfig;
 use probe::{Args, ArgsError, CallRecord, Probe, RawCodec};
 
 const SKIP_VAR: &str = "SKIP_INTEROP";
-const PYTHON_VAR: &str = "INTEROP_PYTHON";
-const INSTALL: &str = "python3 -m pip install -r tests/interop/requirements.txt";
+/// Where the server's Python comes from, for the failure messages.
+const INSTALL: &str = "the test makes target/interop-venv from tests/interop/requirements.txt";
 /// How long the server may take to start (importing grpc, binding) or a condition on its
 /// records may take to hold before the test fails.
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -72,31 +75,6 @@ struct Record {
     code: Option<i32>,
 }
 
-/// Installs the pinned grpcio the first time a test needs it and the interpreter lacks it, so
-/// that the README's `cargo test --all-features` works alone on a fresh machine. A failed
-/// install is not fatal here: the server start below then fails, naming the fix.
-fn ensure_grpcio(python: &str) {
-    static CHECKED: std::sync::OnceLock<()> = std::sync::OnceLock::new();
-    CHECKED.get_or_init(|| {
-        let present = Command::new(python)
-            .args(["-c", "import grpc"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|status| status.success());
-        if !present {
-            let requirements = concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/tests/interop/requirements.txt"
-            );
-            eprintln!("interop test: installing grpcio ({INSTALL})");
-            let _ = Command::new(python)
-                .args(["-m", "pip", "install", "--quiet", "-r", requirements])
-                .status();
-        }
-    });
-}
-
 /// Starts a server, or returns `None` when `SKIP_INTEROP=1`. Panics, naming the fix, when
 /// Python or grpcio is missing.
 fn server() -> Option<PythonServer> {
@@ -104,8 +82,7 @@ fn server() -> Option<PythonServer> {
         eprintln!("{SKIP_VAR}=1: interop test skipped");
         return None;
     }
-    let python = std::env::var(PYTHON_VAR).unwrap_or_else(|_| "python3".to_owned());
-    ensure_grpcio(&python);
+    let python = python::interpreter().unwrap_or_else(|why| panic!("interop test: {why}"));
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/interop/server.py");
     let mut child = Command::new(&python)
         .arg(script)
@@ -118,9 +95,9 @@ fn server() -> Option<PythonServer> {
         .spawn()
         .unwrap_or_else(|error| {
             panic!(
-                "interop test: cannot run {python:?} ({error}). It needs Python 3 with grpcio: \
-                 `{INSTALL}`; set {PYTHON_VAR} to use another interpreter, or {SKIP_VAR}=1 to \
-                 skip"
+                "interop test: cannot run {python:?} ({error}). It needs Python 3 with grpcio \
+                 ({INSTALL}); set {} to use another interpreter, or {SKIP_VAR}=1 to skip",
+                python::PYTHON_VAR
             )
         });
     let stdin = child.stdin.take().expect("piped stdin");
@@ -174,7 +151,7 @@ fn server() -> Option<PythonServer> {
             let _ = stderr_reader.join();
             panic!(
                 "interop test: server.py did not print its port (got {other:?}). It needs \
-                 Python 3 with grpcio: `{INSTALL}`, or {SKIP_VAR}=1 to skip. Its stderr:\n{}",
+                 Python 3 with grpcio ({INSTALL}), or {SKIP_VAR}=1 to skip. Its stderr:\n{}",
                 server.stderr()
             );
         }
