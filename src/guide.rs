@@ -1,11 +1,14 @@
-//! Choosing a policy: retry or hedge, which throttle, which delay, which jitter.
+//! The guide: how to choose (retry or hedge, which throttle, which hedging delay, which
+//! jitter), and how the crate works, from a retried call to the balancer and telemetry.
 //!
-//! This page has no code of its own; it says which of the crate's pieces to reach for.
-//! The figures quoted come from the simulations in `BENCHMARKS.md` (paused clock, seeded,
-//! reproducible with the commands given there).
+//! This module holds no items of its own. Its first sections say which of the crate's pieces
+//! to reach for; the figures quoted come from the simulations in `BENCHMARKS.md` (paused
+//! clock, seeded, reproducible with the commands given there).
 //!
 //! The sections from [How a retried call runs](#how-a-retried-call-runs) on hold the background
-//! of the modules' docs: how the pieces work and why they were built so, with longer examples.
+//! of the modules' docs: how the pieces work and why they were built so (a call's life,
+//! `poll_ready` and cloned services, replay bodies, service config, load balancing,
+//! telemetry), with longer examples.
 //!
 //! # Retry or hedge?
 //!

@@ -8,7 +8,8 @@
 //!   pushback (`grpc-retry-pushback-ms`, `Retry-After`), a deadline across attempts, the A6
 //!   retry throttle, transparent retries, attempt metadata and statistics;
 //! - a [`HedgePolicy`]: several copies of a request in flight, the first good answer wins;
-//!   non-fatal codes, pushback, throttle gating, a fixed or adaptive delay.
+//!   non-fatal codes, pushback, throttle gating, a fixed or adaptive delay, a budget on the
+//!   extra load ([`throttle::HedgeBudget`], on by default).
 //! - Request bodies are replayed from a record within buffer limits ([`body`]), so streaming
 //!   bodies (tonic's, hyper's) can be retried: the reason no Rust crate could retry a tonic
 //!   channel before.
@@ -18,6 +19,11 @@
 //!   backends the call has not tried.
 //! - The building blocks stand alone: [`backoff`] schedules for a reconnect loop,
 //!   [`throttle`], the header parsers in [`pushback`] and [`grpc_timeout`].
+//!
+//! Where to read next: [the guide](crate::guide) says how to choose (retry or hedge, which
+//! throttle, which hedging delay, which jitter) and how a retried call runs; the README's
+//! "Defaults" table lists every default, for policies built in code and from service-config
+//! JSON side by side.
 //!
 //! # Quick start: tonic
 //!
@@ -37,7 +43,7 @@
 //!       "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]
 //!     }
 //!   }],
-//!   "retryThrottling": {"maxTokens": 10, "tokenRatio": 0.1}
+//!   "retryThrottling": {"maxTokens": 20, "tokenRatio": 1}
 //! }"#)?
 //! .policies();
 //!
@@ -83,9 +89,9 @@
 //!
 //! | feature | default | what it adds |
 //! |---|---|---|
-//! | `tonic` | yes | `tonic::body::Body` can be replayed; a gRPC call past its deadline (or whose last attempt hit its per-attempt timeout) fails with `tonic::Status::deadline_exceeded` |
-//! | `h2` | no | HTTP/2 `REFUSED_STREAM` and `GOAWAY` errors are recognised for transparent retries |
-//! | `hyper-util` | no | hyper-util's client "connect" errors are recognised as never sent |
+//! | `tonic` | yes | `tonic::body::Body` can be replayed; a gRPC call past its deadline fails with `tonic::Status::deadline_exceeded`, one whose last attempt outlived its per-attempt timeout with `tonic::Status::cancelled` (as gRPC C-core ends it) |
+//! | `h2` | yes | HTTP/2 `REFUSED_STREAM` and `GOAWAY` errors are recognised as never processed, so such a stream is resent transparently |
+//! | `hyper-util` | no | hyper-util's client "connect" errors are recognised as never sent (resent with wait-for-ready, retried whatever the HTTP method) |
 //! | `balance` | no | [`balance::Balance`]: a balancer over a `tower::discover::Discover` that sends each attempt of a call to a backend the call has not tried |
 //! | `tonic-transport` | no | [`balance::BalancedChannel`]: that balancer over tonic `Endpoint`s, in place of `Channel::balance_list` (pulls tonic's client transport) |
 //! | `retry-info` | no | `GrpcCodes::with_retry_info`: `google.rpc.RetryInfo` in `grpc-status-details-bin` (Google APIs) read as pushback, through tonic-types |
