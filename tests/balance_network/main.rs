@@ -10,6 +10,7 @@
 // For the generated `test.echo` code.
 #[path = "../common/mod.rs"]
 mod common;
+mod json_defaults;
 mod json_hedging;
 mod outliers;
 mod tried;
