@@ -54,6 +54,11 @@ pub(crate) const DEFAULT_PER_SECOND: u32 = 32;
 /// exceed it. Bursts are what a server's pending-accept guard (20 by default) sees.
 const BURST_SHARE: u32 = 4;
 
+/// The bucket's size at `limit` resets a second: a share of them, and at least 1.
+fn burst(limit: u32) -> u32 {
+    (limit / BURST_SHARE).max(limit.min(1))
+}
+
 /// How far into debt resets made past the limit may put the bucket: a second's worth.
 const MAX_DEBT_SECONDS: f64 = 1.0;
 
@@ -138,6 +143,12 @@ impl StreamResets {
         self.per_second
     }
 
+    /// The most resets made at once, if they are limited (the README's defaults table).
+    #[cfg(test)]
+    pub(crate) fn burst(&self) -> Option<u32> {
+        self.per_second.map(burst)
+    }
+
     /// Decides how to stop an attempt the call no longer needs. `can_finish`: the driver can
     /// hand the attempt to a task of its own, and its request can still be sent whole (else
     /// its transport resets the stream anyway). Letting it finish also takes a tokio runtime
@@ -188,7 +199,7 @@ impl StreamResets {
     fn bucket(&self, now: Instant, limit: u32) -> std::sync::MutexGuard<'_, Bucket> {
         // A panic while the lock was held leaves a valid bucket.
         let mut bucket = self.bucket.lock().unwrap_or_else(PoisonError::into_inner);
-        let capacity = f64::from((limit / BURST_SHARE).max(limit.min(1)));
+        let capacity = f64::from(burst(limit));
         let elapsed = bucket
             .at
             .map_or(Duration::MAX, |at| now.saturating_duration_since(at));

@@ -54,6 +54,8 @@
 mod hedge;
 mod retry;
 mod table;
+#[cfg(test)]
+mod tests;
 
 use std::sync::Arc;
 use std::time::Duration;

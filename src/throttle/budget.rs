@@ -105,6 +105,21 @@ impl RetryBudget {
         })
     }
 
+    /// The window over which calls and retries are counted.
+    pub fn window(&self) -> Duration {
+        self.ttl
+    }
+
+    /// The retries allowed per second whatever the calls.
+    pub fn min_per_second(&self) -> u32 {
+        self.min_per_second
+    }
+
+    /// The retries allowed per call in the window.
+    pub fn ratio(&self) -> f64 {
+        self.ratio
+    }
+
     /// The retries' window, locked: a withdrawal holds it from its check to its count.
     fn retries(&self) -> std::sync::MutexGuard<'_, Slots<u64, SLOTS>> {
         // Plain counters: a panic elsewhere cannot leave them inconsistent.

@@ -82,6 +82,30 @@ impl HedgeBudget {
     pub fn remaining(&self) -> u64 {
         self.0.remaining()
     }
+
+    /// The window over which calls and hedges are counted.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_retry_hedge::throttle::HedgeBudget;
+    ///
+    /// let budget = HedgeBudget::default();
+    /// assert_eq!(budget.window(), Duration::from_secs(10));
+    /// assert_eq!((budget.min_per_second(), budget.ratio()), (2, 0.05));
+    /// ```
+    pub fn window(&self) -> Duration {
+        self.0.window()
+    }
+
+    /// The hedges allowed per second whatever the calls.
+    pub fn min_per_second(&self) -> u32 {
+        self.0.min_per_second()
+    }
+
+    /// The hedges allowed per call in the window.
+    pub fn ratio(&self) -> f64 {
+        self.0.ratio()
+    }
 }
 
 impl Default for HedgeBudget {

@@ -15,6 +15,7 @@ mod lifecycle;
 mod mock;
 #[path = "../../examples/support/raw_message.rs"]
 mod raw_message;
+mod recv_timeout;
 
 use std::future::Future;
 use std::sync::Arc;

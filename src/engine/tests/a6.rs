@@ -446,3 +446,127 @@ fn hedging_on_the_per_attempt_timeout_keeps_the_slow_attempt() {
         Verdict::Return
     );
 }
+
+/// The retry policy of `p.S` from a service config with a `perAttemptRecvTimeout` of
+/// 50 ms, `maxAttempts` `max`, the backoff 100 ms × 2 without jitter, and these
+/// `retryableStatusCodes`.
+fn recv_timeout_policy(max: u32, codes: &str) -> Arc<RetryPolicy> {
+    let json = format!(
+        r#"{{"methodConfig": [{{"name": [{{"service": "p.S"}}],
+            "retryPolicy": {{"maxAttempts": {max}, "initialBackoff": "0.1s",
+                "maxBackoff": "1s", "backoffMultiplier": 2,
+                "retryableStatusCodes": {codes}, "perAttemptRecvTimeout": "0.05s"}}}}]}}"#
+    );
+    let config = crate::config::ServiceConfig::from_json(&json).unwrap();
+    let policies = config.policies_builder_with(Jitter::None).build();
+    match policies.lookup(&http::Method::POST, "/p.S/M") {
+        Some(MethodPolicy::Retry(policy)) => policy.clone(),
+        other => panic!("a retry policy, not {other:?}"),
+    }
+}
+
+#[test]
+fn per_attempt_recv_timeout_retries_after_the_backoff_whatever_the_codes() {
+    // No retryable code at all: only the timeout is retried (C-core).
+    let policy = recv_timeout_policy(5, "[]");
+    let unavailable = policy.classifier().classify(AttemptResult::Status {
+        code: Code::Unavailable,
+        pushback: None,
+    });
+    let mut engine = retry_engine(policy, None);
+    assert_eq!(poll(&mut engine, t0()), Action::Wait(Some(t0() + ms(50))));
+    assert_eq!(
+        poll(&mut engine, t0() + ms(50)),
+        Action::TimedOut(AttemptId::FIRST)
+    );
+    // Cancelled, then retried after the backoff, not at once.
+    assert_eq!(
+        poll(&mut engine, t0() + ms(50)),
+        Action::Wait(Some(t0() + ms(150)))
+    );
+    let Action::Send(send) = poll(&mut engine, t0() + ms(150)) else {
+        panic!("the retry is due")
+    };
+    assert!(!send.transparent && !send.hedge && send.number == 2);
+    let second = sent(&mut engine, send, t0() + ms(150));
+    // The next attempt's own status decides as usual: UNAVAILABLE is not retryable here.
+    assert!(matches!(unavailable, Outcome::Fatal(_)), "{unavailable:?}");
+    assert_eq!(
+        answer(&mut engine, second, unavailable, t0() + ms(160)),
+        Verdict::Return
+    );
+    assert_eq!(engine.attempts().sent(), 2);
+}
+
+#[test]
+fn per_attempt_recv_timeout_stops_when_the_attempt_answers_in_time() {
+    let mut engine = retry_engine(recv_timeout_policy(5, r#"["UNAVAILABLE"]"#), None);
+    assert_eq!(poll(&mut engine, t0()), Action::Wait(Some(t0() + ms(50))));
+    // Response headers at 40 ms: the call is answered, whatever its body then takes.
+    assert_eq!(
+        answer(
+            &mut engine,
+            AttemptId::FIRST,
+            Outcome::Success,
+            t0() + ms(40)
+        ),
+        Verdict::Return
+    );
+    // Its timer is gone: nothing times out later.
+    assert_eq!(poll(&mut engine, t0() + ms(1000)), Action::Wait(None));
+    assert_eq!(engine.attempts().sent(), 1);
+}
+
+#[test]
+fn per_attempt_recv_timeout_on_the_last_attempt_ends_the_call_with_it() {
+    let mut engine = retry_engine(recv_timeout_policy(2, r#"["UNAVAILABLE"]"#), None);
+    poll(&mut engine, t0());
+    assert_eq!(
+        poll(&mut engine, t0() + ms(50)),
+        Action::TimedOut(AttemptId::FIRST)
+    );
+    poll(&mut engine, t0() + ms(50));
+    let Action::Send(send) = poll(&mut engine, t0() + ms(150)) else {
+        panic!("the retry is due")
+    };
+    let second = sent(&mut engine, send, t0() + ms(150));
+    assert_eq!(
+        poll(&mut engine, t0() + ms(150)),
+        Action::Wait(Some(t0() + ms(200)))
+    );
+    assert_eq!(poll(&mut engine, t0() + ms(200)), Action::TimedOut(second));
+    // The timed-out attempt is the call's result (the drivers end a gRPC call CANCELLED).
+    assert_eq!(
+        ended(poll(&mut engine, t0() + ms(200))),
+        Some(End::Last(second))
+    );
+}
+
+#[test]
+fn each_per_attempt_recv_timeout_is_a_failure_for_the_throttle() {
+    // maxTokens 4: the first timeout leaves 3 (> 2, retried), the second 2 (not above half).
+    let throttle = Throttle::new(4, 0.1).unwrap();
+    let policy = recv_timeout_policy(5, r#"["UNAVAILABLE"]"#);
+    let mut engine = engine_of(
+        rules(Mode::Retry(policy), 5, Some(Arc::new(throttle.clone()))),
+        None,
+    );
+    poll(&mut engine, t0());
+    assert_eq!(
+        poll(&mut engine, t0() + ms(50)),
+        Action::TimedOut(AttemptId::FIRST)
+    );
+    poll(&mut engine, t0() + ms(50));
+    let Action::Send(send) = poll(&mut engine, t0() + ms(150)) else {
+        panic!("the retry is due")
+    };
+    let second = sent(&mut engine, send, t0() + ms(150));
+    poll(&mut engine, t0() + ms(150));
+    assert_eq!(poll(&mut engine, t0() + ms(200)), Action::TimedOut(second));
+    assert_eq!(
+        ended(poll(&mut engine, t0() + ms(200))),
+        Some(End::Last(second))
+    );
+    assert_eq!(engine.attempts().sent(), 2);
+    assert_eq!(throttle.tokens_milli(), 2_000);
+}

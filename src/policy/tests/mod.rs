@@ -1,0 +1,3 @@
+//! Tests of the policies that read more than one module: the README's defaults table.
+
+mod defaults;
