@@ -115,10 +115,16 @@ pub(super) fn cases() -> Vec<(&'static str, String, Expect)> {
         ),
         (
             "perAttemptRecvTimeout is read",
-            with_retry(&retry_policy(&[("perAttemptRecvTimeout", Some("\"1.5s\""))])),
+            with_retry(&retry_policy(&[(
+                "perAttemptRecvTimeout",
+                Some("\"1.5s\""),
+            )])),
             Valid(|c| {
                 let r = retry_of(c);
-                assert_eq!(r.per_attempt_recv_timeout, Some(Duration::from_millis(1500)));
+                assert_eq!(
+                    r.per_attempt_recv_timeout,
+                    Some(Duration::from_millis(1500))
+                );
                 assert_eq!(r.max_attempts, 3);
             }),
         ),
