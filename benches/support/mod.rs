@@ -27,6 +27,7 @@ use http_body_util::Full;
 use tower::{Layer, Service, ServiceExt};
 use tower_retry_hedge::backoff::Exponential;
 use tower_retry_hedge::classify::{Code, GrpcCodes};
+use tower_retry_hedge::policy::HedgePolicyBuilder;
 use tower_retry_hedge::{HedgeLayer, HedgePolicy, Policies, RetryLayer, RetryPolicy};
 
 /// The request type every variant takes.
@@ -254,13 +255,20 @@ pub fn our_retry_policy() -> RetryPolicy {
 
 /// The hedge policy of the `ours_hedge_policy` variant.
 pub fn our_hedge_policy() -> HedgePolicy {
-    // Large enough that no hedge fires: the echo answers on the first poll.
-    HedgePolicy::builder()
+    our_hedge_policy_built(|builder| builder)
+}
+
+/// [`our_hedge_policy`], changed by `change` before it is built.
+pub fn our_hedge_policy_built(
+    change: impl FnOnce(HedgePolicyBuilder) -> HedgePolicyBuilder,
+) -> HedgePolicy {
+    // Large enough that no hedge fires: the echo answers on the first poll. With the default
+    // budget and the record of backends tried, as a user gets it.
+    let builder = HedgePolicy::builder()
         .max_attempts(3)
         .delay(Duration::from_secs(10))
-        .non_fatal(GrpcCodes::from([Code::Unavailable]))
-        .build()
-        .expect("valid hedge policy")
+        .non_fatal(GrpcCodes::from([Code::Unavailable]));
+    change(builder).build().expect("valid hedge policy")
 }
 
 /// Receives each variant, fully built, with its name.
@@ -364,6 +372,17 @@ where
         RetryLayer::new(policies).layer(downstream.clone()),
     );
 
+    // The record of the backends tried (`TriedBackends`), for a balancer below: what it
+    // costs a call that never retries.
+    let policies = Policies::builder()
+        .method(METHOD, our_retry_policy())
+        .track_backends(true)
+        .build();
+    visitor.visit(
+        "ours_retry_policy+track_backends",
+        RetryLayer::new(policies).layer(downstream.clone()),
+    );
+
     // A table with a policy for another method: the lookup misses, and the call keeps a copy
     // of its request for A6's transparent retries.
     let policies = Policies::builder()
@@ -382,6 +401,15 @@ where
     visitor.visit(
         "ours_retry_no_policy_passthrough",
         RetryLayer::new(policies).layer(downstream.clone()),
+    );
+
+    // A hedging policy records its call's backends by default; without the record.
+    let policies = Policies::builder()
+        .method(METHOD, our_hedge_policy_built(|b| b.track_backends(false)))
+        .build();
+    visitor.visit(
+        "ours_hedge_policy+no_tracking",
+        HedgeLayer::new(policies).layer(downstream.clone()),
     );
 
     let policies = Policies::builder()

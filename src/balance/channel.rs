@@ -54,6 +54,13 @@ const BUFFER_CAPACITY: usize = 1024;
 /// flight on it, until their response headers. tonic's balancer gives every endpoint the same
 /// load, so its pick is uniform.
 ///
+/// Each attempt goes to a backend its call has not tried when the call carries a
+/// [`TriedBackends`](crate::metadata::TriedBackends) record: every call of a hedging policy
+/// does by default; a retry policy's calls do when the policy table was built with
+/// [`track_backends(true)`](crate::policy::PoliciesBuilder::track_backends). A call without a
+/// record is balanced attempt by attempt, as if each attempt were a call of its own (see the
+/// [module docs](super#the-record-of-backends-tried)).
+///
 /// Outlier detection is on, with [`OutlierDetection::default()`]: a backend that keeps failing
 /// is ejected for a while, and recent failures weigh the choice (see the
 /// [module docs](super#outlier-detection)). [`BalancedChannel::builder`] sets other knobs;

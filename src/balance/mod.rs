@@ -11,17 +11,29 @@
 //! counts as a failure, when it ejects and brings back a backend, why these defaults, and how it
 //! shows: [the guide's section on it](crate::guide#outlier-detection-in-the-balancer).
 //!
-//! # Turning the record on
+//! # The record of backends tried
 //!
-//! Say so in the policy table the layers above are built from:
-//! `Policies::builder().track_backends(true)`
-//! ([`track_backends`](crate::policy::PoliciesBuilder::track_backends)). Every call through
-//! those layers then keeps a [`TriedBackends`] record that its attempts share (the layers copy
-//! a request's extensions to every attempt, and clones of a record share one list). The layers
-//! cannot see what is below them, so they do not guess: without the switch a call carries no
-//! record, and its retries are balanced as its first attempt was. A hedging policy can keep
-//! the record for its own calls alone
-//! ([`HedgePolicyBuilder::track_backends`](crate::policy::HedgePolicyBuilder::track_backends)).
+//! A call's attempts share a [`TriedBackends`] record (the layers copy a request's extensions
+//! to every attempt, and clones of a record share one list), in which the balancer notes each
+//! pick and which it reads to skip the backends the call has tried. The layers give one to:
+//!
+//! - every call of a **hedging policy**, by default, whether the policy was built in code or
+//!   read from service-config JSON (A6: "hedged requests should be sent to distinct
+//!   backends"); [`HedgePolicyBuilder::track_backends(false)`](crate::policy::HedgePolicyBuilder::track_backends)
+//!   drops it;
+//! - every call of a table built with `track_backends(true)`
+//!   ([`PoliciesBuilder::track_backends`](crate::policy::PoliciesBuilder::track_backends)),
+//!   retry policies included: a retry policy does not record by default, because the record
+//!   is an allocation that every call pays, and most calls never retry (BENCHMARKS.md,
+//!   "Several backends", has the figure). Turn it on for retry policies over this balancer,
+//!   for a table from JSON too:
+//!   `ServiceConfig::from_json(json)?.policies_builder_with(Jitter::GRPC).track_backends(true).build()`.
+//!
+//! **A call without a record** is balanced attempt by attempt as if each were a call of its
+//! own: power of two choices on requests in flight, weighed by recent failures, with
+//! ejected backends left out. Its retry can land on the backend that just failed it, and its
+//! hedge on the backend its first attempt is stuck on when that one is no more loaded than
+//! the others (the layers cannot see what is below them, so they do not guess).
 //! A request above the layers may also bring its own record:
 //!
 //! ```

@@ -489,13 +489,13 @@ impl PoliciesBuilder {
     /// go to backends it has not tried (A6: "hedged requests should be sent to distinct
     /// backends").
     ///
-    /// Off by default: the record costs an allocation per call, worth it only when a
-    /// balancer below reads it. Turn it on over `balance::Balance` or
-    /// `balance::BalancedChannel` (the crate's balancer, feature `balance`), or any other
-    /// balancer that reads [`TriedBackends`](crate::metadata::TriedBackends). A hedging
-    /// policy can keep it for its own calls alone
-    /// ([`HedgePolicyBuilder::track_backends`](crate::policy::HedgePolicyBuilder::track_backends));
-    /// a call keeps it if either says so.
+    /// Off by default for the table, on by default for every hedging policy
+    /// ([`HedgePolicyBuilder::track_backends`](crate::policy::HedgePolicyBuilder::track_backends),
+    /// built in code or from JSON); a call keeps the record if either says so. For retry
+    /// policies the record is an allocation every call pays, most of them never retrying, so
+    /// it is yours to turn on: over `balance::Balance` or `balance::BalancedChannel` (the
+    /// crate's balancer, feature `balance`), or any other balancer that reads
+    /// [`TriedBackends`](crate::metadata::TriedBackends).
     ///
     /// ```
     /// use tower_retry_hedge::Policies;
