@@ -43,11 +43,11 @@ use tonic::metadata::MetadataMap;
 use tonic::transport::{Endpoint, Server};
 use tonic::{Code, Request, Response, Status, Streaming};
 use tower::ServiceBuilder;
+use tower_retry_hedge::RetryLayer;
 use tower_retry_hedge::backoff::Jitter;
 use tower_retry_hedge::config::ServiceConfig;
 use tower_retry_hedge::metadata::Attempts;
 use tower_retry_hedge::throttle::Throttle;
-use tower_retry_hedge::RetryLayer;
 
 /// Code generated from `tests/proto/echo.proto` (package `test.echo`).
 #[allow(
