@@ -199,14 +199,16 @@ fn note(mut request: http::Request<tonic::body::Body>) -> http::Request<tonic::b
     request
 }
 
+/// The attempts of one call that reached a server, as `(number, hedge, backend)`.
+type CallArrivals = Vec<(u32, bool, usize)>;
+
 /// What the servers saw of the calls in `calls`.
 #[derive(Debug, Default)]
 struct Tally {
-    /// Calls that reached more than one backend attempt (hedged or retried).
+    /// Calls more than one of whose attempts reached a server (hedged or retried).
     repeated: usize,
-    /// Calls whose attempts share a backend, past the exemptions: `(call, its arrivals as
-    /// (number, hedge, backend))`.
-    shared: Vec<(u32, Vec<(u32, bool, usize)>)>,
+    /// Calls whose attempts share a backend, past the exemptions, with their arrivals.
+    shared: Vec<(u32, CallArrivals)>,
     /// Calls that share one only after more attempts than backends (exemption a).
     rotation: usize,
     /// Calls that share one only through the transparent retry of an attempt that reached no
@@ -215,7 +217,7 @@ struct Tally {
 }
 
 fn tally(arrivals: &Arrivals, calls: Range<u32>) -> Tally {
-    let mut by_call: BTreeMap<u32, Vec<(u32, bool, usize)>> = BTreeMap::new();
+    let mut by_call: BTreeMap<u32, CallArrivals> = BTreeMap::new();
     for arrival in arrivals
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
