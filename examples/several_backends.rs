@@ -23,7 +23,7 @@
 //!   balancers without hedging.
 //! - retry: backend `c` answers every attempt with UNAVAILABLE after 0.2 ms; the retry layer
 //!   allows 3 attempts (gRFC A6's example backoff, 0.1 s × 2 up to 1 s, ±20 %), without a
-//!   throttle and with the README's quick-start throttle `{10, 0.1}`. Printed: failed calls per
+//!   throttle and with gRFC A6's example throttle `{10, 0.1}`. Printed: failed calls per
 //!   10 000, attempts per call, and the share of first attempts that reached `c`.
 //!
 //! As in `hedge_tail`, the paused clock runs 10 times faster than the model by default
@@ -33,8 +33,8 @@
 //! With `--loopback` (and `--features tonic-transport`) it runs real tonic servers on
 //! 127.0.0.1 instead: three, one answering every call UNAVAILABLE, behind tonic's
 //! `Channel::balance_list` and `balance::BalancedChannel`, under the retry layer (3 attempts,
-//! the README's quick-start backoff and throttle `{10, 0.1}`); 2 000 calls, 16 at a time, a
-//! few runs of each. Printed per balancer: failed calls, those among the first 100, and the
+//! the README's quick-start backoff and gRFC A6's example throttle `{10, 0.1}`); 2 000
+//! calls, 16 at a time, a few runs of each. Printed per balancer: failed calls, those among the first 100, and the
 //! share of first attempts (requests without `grpc-previous-rpc-attempts`) that reached the
 //! dead server, in all and from call 200 on; medians and ranges over the runs.
 //!
@@ -498,7 +498,7 @@ fn main() -> Result<(), BoxError> {
 
 /// Over loopback: three tonic servers on 127.0.0.1, one answering every call `UNAVAILABLE`,
 /// behind tonic's `Channel::balance_list` and `balance::BalancedChannel`, under the retry
-/// layer with the README's quick-start throttle.
+/// layer with gRFC A6's example throttle `{10, 0.1}`.
 #[cfg(feature = "tonic-transport")]
 mod loopback {
     use std::collections::HashSet;
@@ -667,7 +667,7 @@ mod loopback {
         elapsed: Duration,
     }
 
-    /// The README's quick start with `maxAttempts` 3: 0.1 s, ×2, at most 1 s, ±20 %;
+    /// The README's quick-start retry backoff with `maxAttempts` 3: 0.1 s, ×2, at most 1 s, ±20 %;
     /// throttle {10, 0.1}; each call records the backends it tried.
     fn policies() -> Result<Policies, BoxError> {
         let policy = RetryPolicy::builder()

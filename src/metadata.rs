@@ -4,12 +4,12 @@
 //!   requests), and gRPC attempts carry the call's *remaining* time in `grpc-timeout`.
 //!   Every attempt after the first carries an [`AttemptInfo`] extension. Every call keeps a
 //!   shared [`TriedBackends`] list for the load balancer (the `balance` module reads and
-//!   fills it) when its table says so,
-//!   [`PoliciesBuilder::track_backends(true)`](crate::policy::PoliciesBuilder::track_backends),
-//!   or when its hedging policy does,
-//!   [`HedgePolicyBuilder::track_backends(true)`](crate::policy::HedgePolicyBuilder::track_backends):
-//!   either switch turns it on; both are off by default, since the list costs an allocation
-//!   per call.
+//!   fills it) when its hedging policy says so
+//!   ([`HedgePolicyBuilder::track_backends`](crate::policy::HedgePolicyBuilder::track_backends),
+//!   on by default: A6 sends hedges to distinct backends), or when its table does
+//!   ([`PoliciesBuilder::track_backends(true)`](crate::policy::PoliciesBuilder::track_backends),
+//!   off by default, since the list costs an allocation per call, which a retry policy's
+//!   calls pay though most never retry).
 //! - Responses: a call that made more than one attempt returns an [`Attempts`] extension
 //!   and, for gRPC, `grpc-previous-rpc-attempts` in the response headers (tonic exposes them
 //!   as response metadata): the retry attempts made, A6's "number of retry attempts made",

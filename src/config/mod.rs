@@ -71,7 +71,8 @@
 //! * `retryPolicy`: `maxAttempts` an integer >= 2; `initialBackoff` and `maxBackoff`
 //!   durations > 0; `backoffMultiplier` a number > 0; `retryableStatusCodes` a
 //!   non-empty array of codes. All required. `perAttemptRecvTimeout`, optional, a duration
-//!   > 0 (`"0s"` is an error, as in C-core); with it, `retryableStatusCodes` may be empty.
+//!   above zero (`"0s"` is an error, as in C-core); with it, `retryableStatusCodes` may be
+//!   empty.
 //!   It is applied as gRPC C-core applies it: an attempt with no response headers by then
 //!   is cancelled and retried after the backoff whatever `retryableStatusCodes` lists
 //!   (`maxAttempts`, the throttle, for which it is a failure, and the deadline permitting),

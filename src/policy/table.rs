@@ -601,7 +601,8 @@ impl PoliciesBuilder {
 
     /// Gives every hedging policy of the table this [`HedgeBudget`] (`None`: no budget),
     /// in place of its own: for a table made from service-config JSON, whose hedging
-    /// policies get [`HedgeBudget::default`], to change it or turn it off. Policies that
+    /// policies get [`HedgeBudget::default`] as those built in code do, to change it or turn
+    /// it off. Policies that
     /// share one budget share one window.
     ///
     /// ```

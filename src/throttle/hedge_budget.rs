@@ -22,9 +22,10 @@ use crate::error::BuildError;
 /// default is 1 %.
 ///
 /// Give it to a hedging policy ([`HedgePolicyBuilder::budget`]); clones share one window, so
-/// one budget can also be shared by several policies. Policies made from service-config JSON
-/// get [`HedgeBudget::default`] (5 % over 10 s, 2 per second), which
-/// [`PoliciesBuilder::hedge_budget`] changes or turns off. Time is `tokio::time::Instant`, so
+/// one budget can also be shared by several policies. Hedging policies get
+/// [`HedgeBudget::default`] (5 % over 10 s, 2 per second) unless given another, whether built
+/// in code or made from service-config JSON; [`HedgePolicyBuilder::budget`] and, for a whole
+/// table, [`PoliciesBuilder::hedge_budget`] change it or turn it off. Time is `tokio::time::Instant`, so
 /// it can be tested on tokio's paused clock.
 ///
 /// [`HedgePolicyBuilder::budget`]: crate::policy::HedgePolicyBuilder::budget

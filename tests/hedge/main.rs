@@ -1195,9 +1195,29 @@ async fn a_delay_too_large_for_the_clock_means_no_hedge_and_no_panic() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn tried_backends_are_off_unless_asked_for() {
+async fn tried_backends_are_on_by_default_and_off_when_asked() {
+    // By default a hedged call's attempts share one record (A6: distinct backends).
     let start = Instant::now();
     let (call, mut handle) = call_mock(policies(hedge(2, 0)), grpc_request());
+    let mut records = Vec::new();
+    for _ in 0..2 {
+        let (request, reply, _) = next(&mut handle, start).await;
+        let tried = request.extensions().get::<TriedBackends>().cloned();
+        records.push(tried.expect("a record on every attempt"));
+        reply.send_response(grpc_ok());
+    }
+    records[0].record("10.0.0.1:443".to_owned());
+    assert_eq!(records[1].list(), ["10.0.0.1:443"], "one record, shared");
+    call.await.unwrap().unwrap();
+
+    // `track_backends(false)` drops it.
+    let policy = HedgePolicy::builder()
+        .max_attempts(2)
+        .delay(ms(0))
+        .track_backends(false)
+        .build()
+        .unwrap();
+    let (call, mut handle) = call_mock(policies(policy), grpc_request());
     for _ in 0..2 {
         let (request, reply, _) = next(&mut handle, start).await;
         assert!(request.extensions().get::<TriedBackends>().is_none());
