@@ -4,8 +4,10 @@
 //! time stop the timer; a call whose last attempt timed out ends CANCELLED; each timeout is a
 //! failure for the throttle. The tower layer's twin is in `tests/beyond_network`.
 //!
-//! Real clock: a hanging attempt is what times out, so no assertion reads a duration; the one
-//! wait (past the timeout, once the headers came) only gives a wrongly kept timer its chance.
+//! Real clock: a hanging attempt is what times out, so no assertion reads a duration. An
+//! attempt that must answer in time gets 0.5 s or 1 s, which a loaded machine does not miss
+//! on loopback; the one wait (twice the timeout, once the headers came) only gives a wrongly
+//! kept timer its chance.
 
 use std::time::Duration;
 
@@ -34,7 +36,7 @@ fn recv_timeout_config(max_attempts: u32, codes: &str, timeout: &str, extra: &st
 async fn a_silent_attempt_is_cancelled_and_retried_whatever_the_codes() {
     let peer = spawn_grpc(Script::new().call(60, [Action::Hang, Action::Ok])).await;
     // No retryable code: only a timeout is retried.
-    let policies = recv_timeout_config(3, "[]", "0.1s", "");
+    let policies = recv_timeout_config(3, "[]", "0.5s", "");
     let invoker = channel(&peer, &policies);
 
     let seen = echo_call(&invoker, UNARY, 60, "late").await;
@@ -53,7 +55,7 @@ async fn the_next_attempt_s_own_status_decides_as_usual() {
     ))
     .await;
     // UNAVAILABLE is not listed: the second attempt's failure ends the call.
-    let policies = recv_timeout_config(3, "[]", "0.1s", "");
+    let policies = recv_timeout_config(3, "[]", "0.5s", "");
     let invoker = channel(&peer, &policies);
 
     let seen = echo_call(&invoker, UNARY, 61, "x").await;
@@ -103,7 +105,7 @@ async fn each_timed_out_attempt_is_a_failure_for_the_throttle() {
 #[tokio::test]
 async fn response_headers_in_time_stop_the_timer() {
     let peer = spawn_grpc(Script::new().call(64, [Action::Ok])).await;
-    let policies = recv_timeout_config(3, r#"["UNAVAILABLE"]"#, "0.2s", "");
+    let policies = recv_timeout_config(3, r#"["UNAVAILABLE"]"#, "1s", "");
     let invoker = channel(&peer, &policies);
 
     let headers = RequestHeaders::new()
@@ -120,7 +122,7 @@ async fn response_headers_in_time_stop_the_timer() {
         "headers first"
     );
     // Twice the timeout with the stream open: a timer still running would cancel it.
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    tokio::time::sleep(Duration::from_millis(2_000)).await;
     let options = SendOptions::new().with_final_msg(true);
     assert!(send.send(&Raw(chunk(b"two")), options).await.is_ok());
     drop(send);

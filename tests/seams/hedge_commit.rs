@@ -62,12 +62,15 @@ fn bytes(len: usize, seed: u32) -> Vec<u8> {
         .collect()
 }
 
-/// Three attempts at once, UNAVAILABLE non-fatal; a per-call limit of [`PER_CALL`] bytes.
+/// Three attempts at once, UNAVAILABLE non-fatal; a per-call limit of [`PER_CALL`] bytes. No
+/// hedge budget: every call is to have its three attempts (the default budget would hold
+/// most of the [`CALLS`] to one).
 async fn hedged_client(channel: Channel) -> Client {
     let policy = HedgePolicy::builder()
         .max_attempts(3)
         .delay(Duration::ZERO)
         .non_fatal(GrpcCodes::from([classify::Code::Unavailable]))
+        .budget(None)
         .build()
         .expect("a valid policy");
     let policies = Policies::builder()
