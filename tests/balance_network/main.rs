@@ -240,10 +240,13 @@ impl EchoPeer {
 /// for a test that counts what each server answered: a loser let finish has its server answer
 /// a call that did not wait for it.
 fn hedged_and_tracked(delay: Duration, reset_every_loser: bool) -> Policies {
+    // No hedge budget: every call stuck on the slow server is to be hedged (the default
+    // budget's 5 % would leave some waiting for it), as A6 hedges.
     let policy = HedgePolicy::builder()
         .max_attempts(3)
         .delay(delay)
         .non_fatal(GrpcCodes::from([Code::Unavailable]))
+        .budget(None)
         .build()
         .expect("valid policy");
     let builder = Policies::builder()
