@@ -396,6 +396,9 @@ fn policies() -> Policies {
             Grpc::ResourceExhausted,
         ]))
         .timeout(TIMEOUT)
+        // Every hedge A6 allows, for as many races as the chaos can make (the default
+        // budget would hold most of them back).
+        .budget(None)
         .build()
         .unwrap();
     Policies::builder()
