@@ -19,17 +19,11 @@
 //! The exempted calls are counted and printed beside.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::ops::Range;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use tokio::net::TcpListener;
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
-use tokio_stream::wrappers::TcpListenerStream;
-use tonic::transport::{Endpoint, Server};
-use tonic::{Request, Response, Status, Streaming};
+use tonic::{Request, Status};
 use tower::Layer;
 use tower::util::MapRequestLayer;
 use tower_retry_hedge::backoff::Jitter;
@@ -37,11 +31,9 @@ use tower_retry_hedge::balance::{BalancedChannel, OutlierDetection};
 use tower_retry_hedge::metadata::AttemptInfo;
 use tower_retry_hedge::{HedgeLayer, HedgePolicy, Policies, RetryLayer, ServiceConfig};
 
-use super::common::ReplyStream;
+use super::common::pb::EchoRequest;
 use super::common::pb::echo_client::EchoClient;
-use super::common::pb::echo_server::{Echo, EchoServer};
-use super::common::pb::{Chunk, Digest, EchoReply, EchoRequest};
-use super::{SERVICE, failures, guard, ms, quantile, run};
+use super::{Behaviour, EchoPeer, SERVICE, failures, guard, ms, quantile, run};
 
 const BACKENDS: usize = 3;
 const NUMBER_HEADER: &str = "x-test-attempt-number";
@@ -60,19 +52,11 @@ struct Arrival {
 
 type Arrivals = Arc<Mutex<Vec<Arrival>>>;
 
-#[derive(Debug, Clone, Copy)]
-enum Answer {
-    Ok,
-    After(Duration),
-    Unavailable,
-}
-
-/// A unary-only `test.echo.Echo` server that records every arrival in a list the three
-/// servers share.
-#[derive(Clone)]
-struct Witness {
+/// Notes every arrival at one server (`backend`, its place among the three) in a list the
+/// three servers share.
+#[derive(Debug, Clone)]
+pub(super) struct Witness {
     backend: usize,
-    answer: Answer,
     arrivals: Arrivals,
 }
 
@@ -80,104 +64,31 @@ fn header<T: std::str::FromStr>(request: &Request<EchoRequest>, name: &str) -> O
     request.metadata().get(name)?.to_str().ok()?.parse().ok()
 }
 
-#[tonic::async_trait]
-impl Echo for Witness {
-    async fn unary(&self, request: Request<EchoRequest>) -> Result<Response<EchoReply>, Status> {
+impl Witness {
+    pub(super) fn record(&self, request: &Request<EchoRequest>) {
         let arrival = Arrival {
             call: request.get_ref().call,
-            number: header(&request, NUMBER_HEADER).unwrap_or(0),
-            hedge: header(&request, HEDGE_HEADER).unwrap_or(false),
+            number: header(request, NUMBER_HEADER).unwrap_or(0),
+            hedge: header(request, HEDGE_HEADER).unwrap_or(false),
             backend: self.backend,
         };
         self.arrivals
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .push(arrival);
-        match self.answer {
-            Answer::Ok => {}
-            Answer::After(delay) => tokio::time::sleep(delay).await,
-            Answer::Unavailable => return Err(Status::unavailable("backend down")),
-        }
-        let request = request.into_inner();
-        Ok(Response::new(EchoReply {
-            message: request.message,
-            payload: request.payload,
-            attempt: 0,
-        }))
-    }
-
-    async fn client_stream(
-        &self,
-        _request: Request<Streaming<Chunk>>,
-    ) -> Result<Response<Digest>, Status> {
-        Err(Status::unimplemented("unary only"))
-    }
-
-    type ServerStreamStream = ReplyStream;
-
-    async fn server_stream(
-        &self,
-        _request: Request<EchoRequest>,
-    ) -> Result<Response<ReplyStream>, Status> {
-        Err(Status::unimplemented("unary only"))
     }
 }
 
-/// A [`Witness`] served on 127.0.0.1:0.
-struct Peer {
-    addr: SocketAddr,
-    shutdown: oneshot::Sender<()>,
-    task: JoinHandle<Result<(), tonic::transport::Error>>,
-}
-
-impl Peer {
-    async fn spawn(witness: Witness) -> Peer {
-        let listener = TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind 127.0.0.1:0");
-        let addr = listener.local_addr().expect("listener address");
-        let (shutdown, signal) = oneshot::channel::<()>();
-        let task = tokio::spawn(
-            Server::builder()
-                .tcp_nodelay(true)
-                .add_service(EchoServer::new(witness))
-                .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
-                    let _ = signal.await;
-                }),
-        );
-        Peer {
-            addr,
-            shutdown,
-            task,
-        }
-    }
-
-    fn endpoint(&self) -> Endpoint {
-        Endpoint::from_shared(format!("http://{}", self.addr))
-            .expect("valid endpoint uri")
-            .tcp_nodelay(true)
-    }
-
-    async fn shutdown(self) {
-        let _ = self.shutdown.send(());
-        self.task
-            .await
-            .expect("server task")
-            .expect("server ran without error");
-    }
-}
-
-/// Three servers answering as `answers` say, and the list of what reached them.
-async fn servers(answers: [Answer; BACKENDS]) -> ([Peer; BACKENDS], Arrivals) {
+/// Three servers answering as `behaviours` say, and the list of what reached them.
+async fn servers(behaviours: [Behaviour; BACKENDS]) -> ([EchoPeer; BACKENDS], Arrivals) {
     let arrivals = Arrivals::default();
     let mut peers = Vec::new();
-    for (backend, answer) in answers.into_iter().enumerate() {
+    for (backend, behaviour) in behaviours.into_iter().enumerate() {
         let witness = Witness {
             backend,
-            answer,
             arrivals: Arc::clone(&arrivals),
         };
-        peers.push(Peer::spawn(witness).await);
+        peers.push(EchoPeer::spawn_witnessed(behaviour, Some(witness)).await);
     }
     let peers = peers.try_into().ok().expect("three servers");
     (peers, arrivals)
@@ -276,12 +187,12 @@ const HEDGE_CALLS: u32 = 300;
 /// `BalancedChannel::balance_list` (its defaults, outlier detection included); gives the
 /// tally and the outcomes.
 async fn hedged(
-    servers: &[Peer; BACKENDS],
+    servers: &[EchoPeer; BACKENDS],
     arrivals: &Arrivals,
     policies: Policies,
     first: u32,
 ) -> (Tally, Vec<(Result<(), Status>, Duration)>) {
-    let channel = BalancedChannel::balance_list(servers.each_ref().map(Peer::endpoint));
+    let channel = BalancedChannel::balance_list(servers.each_ref().map(EchoPeer::endpoint));
     let observed = MapRequestLayer::new(note).layer(channel);
     let client = EchoClient::new(HedgeLayer::new(policies).layer(observed));
     let outcomes = guard(run(client, first, HEDGE_CALLS, 8)).await;
@@ -290,7 +201,8 @@ async fn hedged(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn json_hedging_policy_sends_no_hedge_to_a_tried_backend() {
-    let (servers, arrivals) = servers([Answer::After(ms(200)), Answer::Ok, Answer::Ok]).await;
+    let (servers, arrivals) =
+        servers([Behaviour::OkAfter(ms(200)), Behaviour::Ok, Behaviour::Ok]).await;
     // Policies from service-config JSON alone: no `track_backends` anywhere.
     let policies = ServiceConfig::from_json(
         r#"{"methodConfig": [{
@@ -374,14 +286,14 @@ const RETRY_JSON: &str = r#"{"methodConfig": [{
 /// first attempts and only the record keeps retries off it); gives the tally and how many
 /// calls failed.
 async fn retried(
-    servers: &[Peer; BACKENDS],
+    servers: &[EchoPeer; BACKENDS],
     arrivals: &Arrivals,
     policies: Policies,
     first: u32,
 ) -> (Tally, usize) {
     let channel = BalancedChannel::builder()
         .outlier_detection(OutlierDetection::disabled())
-        .balance_list(servers.each_ref().map(Peer::endpoint));
+        .balance_list(servers.each_ref().map(EchoPeer::endpoint));
     let observed = MapRequestLayer::new(note).layer(channel);
     let client = EchoClient::new(RetryLayer::new(policies).layer(observed));
     let outcomes = guard(run(client, first, RETRY_CALLS, 16)).await;
@@ -393,7 +305,7 @@ async fn retried(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn json_retry_policy_with_track_backends_retries_on_untried_backends() {
-    let (servers, arrivals) = servers([Answer::Unavailable, Answer::Ok, Answer::Ok]).await;
+    let (servers, arrivals) = servers([Behaviour::Unavailable, Behaviour::Ok, Behaviour::Ok]).await;
     let config = ServiceConfig::from_json(RETRY_JSON).expect("valid service config");
 
     let tracked = config

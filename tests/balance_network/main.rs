@@ -62,6 +62,8 @@ struct Backend {
     attempts: Arc<Mutex<HashMap<u32, u32>>>,
     first: Arc<Mutex<Vec<(u32, tokio::time::Instant)>>>,
     answered_ok: Arc<AtomicU32>,
+    /// Where every arrival is also noted, with its attempt number, for `json_defaults`.
+    witness: Option<json_defaults::Witness>,
 }
 
 #[tonic::async_trait]
@@ -71,6 +73,9 @@ impl Echo for Backend {
             .metadata()
             .get("grpc-previous-rpc-attempts")
             .is_none();
+        if let Some(witness) = &self.witness {
+            witness.record(&request);
+        }
         let request = request.into_inner();
         *self
             .attempts
@@ -130,6 +135,14 @@ struct EchoPeer {
 
 impl EchoPeer {
     async fn spawn(behaviour: Behaviour) -> Self {
+        EchoPeer::spawn_witnessed(behaviour, None).await
+    }
+
+    /// A server that also notes every arrival with `witness`.
+    async fn spawn_witnessed(
+        behaviour: Behaviour,
+        witness: Option<json_defaults::Witness>,
+    ) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind 127.0.0.1:0");
@@ -139,6 +152,7 @@ impl EchoPeer {
             attempts: Arc::default(),
             first: Arc::default(),
             answered_ok: Arc::default(),
+            witness,
         };
         let (shutdown, signal) = oneshot::channel::<()>();
         let task = tokio::spawn(

@@ -18,21 +18,10 @@ use tower_retry_hedge::throttle::ThrottleState;
 
 use super::*;
 
-/// The echo services retried with a `perAttemptRecvTimeout` of `timeout`, these
-/// `retryableStatusCodes`, and `extra` keys at the top level.
+/// The echo services retried with a `perAttemptRecvTimeout` (see
+/// `common::recv_timeout_service_config`).
 fn recv_timeout_policies(max_attempts: u32, codes: &str, timeout: &str, extra: &str) -> Policies {
-    let json = format!(
-        r#"{{
-          "methodConfig": [{{
-            "name": [{{"service": "test.echo.Echo"}}, {{"service": "test.echo.BidiEcho"}}],
-            "retryPolicy": {{
-              "maxAttempts": {max_attempts}, "initialBackoff": "0.001s", "maxBackoff": "0.01s",
-              "backoffMultiplier": 2, "retryableStatusCodes": {codes},
-              "perAttemptRecvTimeout": "{timeout}"
-            }}
-          }}]{extra}
-        }}"#
-    );
+    let json = common::recv_timeout_service_config(max_attempts, codes, timeout, extra);
     let config: ServiceConfig = json.parse().expect("valid service config");
     config.policies()
 }

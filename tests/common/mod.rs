@@ -319,3 +319,27 @@ where
         self.inner.call(request)
     }
 }
+
+/// A service config retrying both echo services (`test.echo.Echo`, `test.echo.BidiEcho`) with
+/// a `perAttemptRecvTimeout` of `timeout` (`"0.5s"`), these `retryableStatusCodes` (a JSON
+/// array), a 1-10 ms backoff, and `extra` keys at the top level (`, "retryThrottling": …`):
+/// the tower layer's and the `grpc` interceptor's tests of the timeout read the same JSON.
+pub fn recv_timeout_service_config(
+    max_attempts: u32,
+    codes: &str,
+    timeout: &str,
+    extra: &str,
+) -> String {
+    format!(
+        r#"{{
+          "methodConfig": [{{
+            "name": [{{"service": "test.echo.Echo"}}, {{"service": "test.echo.BidiEcho"}}],
+            "retryPolicy": {{
+              "maxAttempts": {max_attempts}, "initialBackoff": "0.001s", "maxBackoff": "0.01s",
+              "backoffMultiplier": 2, "retryableStatusCodes": {codes},
+              "perAttemptRecvTimeout": "{timeout}"
+            }}
+          }}]{extra}
+        }}"#
+    )
+}
