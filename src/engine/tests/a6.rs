@@ -408,19 +408,31 @@ fn a_commit_cancels_every_other_attempt_and_stops_new_ones() {
     assert!(ends_with_last(poll(&mut engine, t0())));
 }
 
+/// Plays a call whose first attempt, sent at `t0`, outlives its 50 ms per-attempt timeout:
+/// the timer, the timeout, the 100 ms backoff (not a retry at once), and the retry, sent at
+/// `t0 + 150 ms`.
+fn first_attempt_times_out(engine: &mut Engine) -> AttemptId {
+    assert_eq!(poll(engine, t0()), Action::Wait(Some(t0() + ms(50))));
+    assert_eq!(
+        poll(engine, t0() + ms(50)),
+        Action::TimedOut(AttemptId::FIRST)
+    );
+    assert_eq!(
+        poll(engine, t0() + ms(50)),
+        Action::Wait(Some(t0() + ms(150)))
+    );
+    let Action::Send(send) = poll(engine, t0() + ms(150)) else {
+        panic!("the retry is due")
+    };
+    assert!(!send.transparent && !send.hedge && send.number == 2);
+    sent(engine, send, t0() + ms(150))
+}
+
 #[test]
 fn a_per_attempt_timeout_cancels_the_attempt_and_retries() {
     let policy = retry_policy(|b| b.per_attempt_timeout(ms(50)));
     let mut engine = retry_engine(policy, None);
-    assert_eq!(poll(&mut engine, t0()), Action::Wait(Some(t0() + ms(50))));
-    assert_eq!(
-        poll(&mut engine, t0() + ms(50)),
-        Action::TimedOut(AttemptId::FIRST)
-    );
-    assert_eq!(
-        poll(&mut engine, t0() + ms(50)),
-        Action::Wait(Some(t0() + ms(150)))
-    );
+    first_attempt_times_out(&mut engine);
 }
 
 #[test]
@@ -474,21 +486,8 @@ fn per_attempt_recv_timeout_retries_after_the_backoff_whatever_the_codes() {
         pushback: None,
     });
     let mut engine = retry_engine(policy, None);
-    assert_eq!(poll(&mut engine, t0()), Action::Wait(Some(t0() + ms(50))));
-    assert_eq!(
-        poll(&mut engine, t0() + ms(50)),
-        Action::TimedOut(AttemptId::FIRST)
-    );
     // Cancelled, then retried after the backoff, not at once.
-    assert_eq!(
-        poll(&mut engine, t0() + ms(50)),
-        Action::Wait(Some(t0() + ms(150)))
-    );
-    let Action::Send(send) = poll(&mut engine, t0() + ms(150)) else {
-        panic!("the retry is due")
-    };
-    assert!(!send.transparent && !send.hedge && send.number == 2);
-    let second = sent(&mut engine, send, t0() + ms(150));
+    let second = first_attempt_times_out(&mut engine);
     // The next attempt's own status decides as usual: UNAVAILABLE is not retryable here.
     assert!(matches!(unavailable, Outcome::Fatal(_)), "{unavailable:?}");
     assert_eq!(
@@ -520,16 +519,7 @@ fn per_attempt_recv_timeout_stops_when_the_attempt_answers_in_time() {
 #[test]
 fn per_attempt_recv_timeout_on_the_last_attempt_ends_the_call_with_it() {
     let mut engine = retry_engine(recv_timeout_policy(2, r#"["UNAVAILABLE"]"#), None);
-    poll(&mut engine, t0());
-    assert_eq!(
-        poll(&mut engine, t0() + ms(50)),
-        Action::TimedOut(AttemptId::FIRST)
-    );
-    poll(&mut engine, t0() + ms(50));
-    let Action::Send(send) = poll(&mut engine, t0() + ms(150)) else {
-        panic!("the retry is due")
-    };
-    let second = sent(&mut engine, send, t0() + ms(150));
+    let second = first_attempt_times_out(&mut engine);
     assert_eq!(
         poll(&mut engine, t0() + ms(150)),
         Action::Wait(Some(t0() + ms(200)))
@@ -551,16 +541,7 @@ fn each_per_attempt_recv_timeout_is_a_failure_for_the_throttle() {
         rules(Mode::Retry(policy), 5, Some(Arc::new(throttle.clone()))),
         None,
     );
-    poll(&mut engine, t0());
-    assert_eq!(
-        poll(&mut engine, t0() + ms(50)),
-        Action::TimedOut(AttemptId::FIRST)
-    );
-    poll(&mut engine, t0() + ms(50));
-    let Action::Send(send) = poll(&mut engine, t0() + ms(150)) else {
-        panic!("the retry is due")
-    };
-    let second = sent(&mut engine, send, t0() + ms(150));
+    let second = first_attempt_times_out(&mut engine);
     poll(&mut engine, t0() + ms(150));
     assert_eq!(poll(&mut engine, t0() + ms(200)), Action::TimedOut(second));
     assert_eq!(
