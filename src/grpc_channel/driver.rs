@@ -160,11 +160,9 @@ where
         let first_reader = body.clone();
         let route = start.route;
         let deadline = start.deadline;
-        // Named for what the call does, as the layers name theirs.
-        let span = match start.rules.mode {
-            Mode::Hedge(..) => tracing::debug_span!("hedge", path = %headers.method_name()),
-            _ => tracing::debug_span!("retry", path = %headers.method_name()),
-        };
+        // Named for what the call does, with the fields the layers' call spans have.
+        let hedged = matches!(start.rules.mode, Mode::Hedge(..));
+        let span = CallTrace::call_span(hedged, headers.method_name());
         let first_headers = AttemptHeaders {
             previous: None,
             timeout: start.first_timeout(|| tokio::time::Instant::now().into_std()),

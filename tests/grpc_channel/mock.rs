@@ -476,8 +476,9 @@ impl tower::Service<http::Request<http_body_util::Full<bytes::Bytes>>> for Scrip
     }
 }
 
-/// Item 6 of the engine's books: a call gives the same attempt count, statistics and
-/// attempt spans whichever driver runs it, since both report what the engine recorded.
+/// Item 6 of the engine's books: a call gives the same attempt count, statistics, call and
+/// attempt spans and events whichever driver runs it, since both report what the engine
+/// recorded.
 #[tokio::test(start_paused = true)]
 async fn both_drivers_keep_the_same_books_of_the_same_calls() {
     use tower::{Layer as _, ServiceExt as _};
@@ -568,6 +569,16 @@ async fn both_drivers_keep_the_same_books_of_the_same_calls() {
         );
         let attempts = grpc_trace.attempts();
         assert_eq!(attempts, tower_trace.attempts(), "{name}: attempt spans");
+        assert_eq!(
+            grpc_trace.calls(),
+            tower_trace.calls(),
+            "{name}: call spans"
+        );
+        assert_eq!(grpc_trace.events(), tower_trace.events(), "{name}: events");
+        assert!(
+            !grpc_trace.events().is_empty(),
+            "{name}: events were traced"
+        );
         assert_eq!(attempts.len(), grpc_attempts, "{name}: a span per attempt");
         assert!(
             attempts.iter().all(|attempt| attempt.contains("outcome=")),
@@ -576,16 +587,20 @@ async fn both_drivers_keep_the_same_books_of_the_same_calls() {
     }
 }
 
-/// The `attempt` spans opened while it is installed (on this thread), each as its fields.
+/// The spans and events of the calls traced while it is installed (on this thread): each
+/// `attempt` span and each call span (`retry`, `hedge`) as its fields, and each event as its
+/// message and fields.
 #[derive(Clone, Default)]
 struct AttemptTrace(Arc<Mutex<AttemptSpans>>);
 
 #[derive(Default)]
 struct AttemptSpans {
-    /// Each span's fields, in the order the spans were opened.
-    fields: Vec<Vec<(String, String)>>,
+    /// Each span's name and fields, in the order the spans were opened.
+    fields: Vec<(&'static str, Vec<(String, String)>)>,
     /// Where each open span's fields are, by span id.
     open: std::collections::HashMap<tracing::span::Id, usize>,
+    /// Each event's fields (its message among them), in order.
+    events: Vec<Vec<(String, String)>>,
 }
 
 impl AttemptTrace {
@@ -596,33 +611,78 @@ impl AttemptTrace {
 
     /// Each attempt span, as `name=value` fields sorted by name.
     fn attempts(&self) -> Vec<String> {
+        self.spans(|name| name == "attempt")
+    }
+
+    /// Each call span, as its name and its `name=value` fields sorted by name.
+    fn calls(&self) -> Vec<String> {
+        self.spans(|name| name != "attempt")
+    }
+
+    fn spans(&self, wanted: impl Fn(&str) -> bool) -> Vec<String> {
         let spans = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         spans
             .fields
             .iter()
-            .map(|fields| {
-                let mut fields: Vec<String> = fields
-                    .iter()
-                    .map(|(name, value)| format!("{name}={value}"))
-                    .collect();
-                fields.sort();
-                fields.join(" ")
-            })
+            .filter(|(name, _)| wanted(name))
+            .map(|(name, fields)| format!("{name}: {}", sorted(fields, &[])))
             .collect()
     }
+
+    /// Each event of the call's rules, as its `name=value` fields sorted by name; the value
+    /// of a `delay` (drawn with jitter, by each driver's own generator) as `_`. The replay
+    /// body's own events are left out: the interceptor records the messages, where the layer
+    /// over this test's service clones a `Full` body, which records nothing.
+    fn events(&self) -> Vec<String> {
+        let spans = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        spans
+            .events
+            .iter()
+            .map(|fields| sorted(fields, &["delay"]))
+            .filter(|event| !event.contains("message=request body"))
+            .collect()
+    }
+}
+
+/// `fields` as `name=value` sorted by name, the values of `hidden` fields as `_`.
+fn sorted(fields: &[(String, String)], hidden: &[&str]) -> String {
+    let mut fields: Vec<String> = fields
+        .iter()
+        .map(|(name, value)| match hidden.contains(&name.as_str()) {
+            true => format!("{name}=_"),
+            false => format!("{name}={value}"),
+        })
+        .collect();
+    fields.sort();
+    fields.join(" ")
 }
 
 /// A span's fields, as text.
 struct Fields<'a>(&'a mut Vec<(String, String)>);
 
+impl Fields<'_> {
+    /// Sets `name` to `value`: a field recorded again keeps its last value.
+    fn set(&mut self, name: &str, value: String) {
+        match self.0.iter_mut().find(|(field, _)| field == name) {
+            Some((_, old)) => *old = value,
+            None => self.0.push((name.to_owned(), value)),
+        }
+    }
+}
+
 impl tracing::field::Visit for Fields<'_> {
     fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
-        self.0.push((field.name().to_owned(), value.to_owned()));
+        self.set(field.name(), value.to_owned());
     }
 
     fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-        self.0.push((field.name().to_owned(), format!("{value:?}")));
+        self.set(field.name(), format!("{value:?}"));
     }
+}
+
+/// Whether a span of this name is one the trace keeps: an attempt's, or a call's.
+fn traced(name: &str) -> bool {
+    matches!(name, "attempt" | "retry" | "hedge")
 }
 
 impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for AttemptTrace {
@@ -632,13 +692,14 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for AttemptTrace {
         id: &tracing::span::Id,
         _: tracing_subscriber::layer::Context<'_, S>,
     ) {
-        if attrs.metadata().name() != "attempt" {
+        let name = attrs.metadata().name();
+        if !traced(name) {
             return;
         }
         let mut spans = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         let mut fields = Vec::new();
         attrs.record(&mut Fields(&mut fields));
-        spans.fields.push(fields);
+        spans.fields.push((name, fields));
         let index = spans.fields.len() - 1;
         spans.open.insert(id.clone(), index);
     }
@@ -651,8 +712,18 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for AttemptTrace {
     ) {
         let mut spans = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(&index) = spans.open.get(id) {
-            record.record(&mut Fields(&mut spans.fields[index]));
+            record.record(&mut Fields(&mut spans.fields[index].1));
         }
+    }
+
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        if !event.metadata().target().starts_with("tower_retry_hedge") {
+            return;
+        }
+        let mut fields = Vec::new();
+        event.record(&mut Fields(&mut fields));
+        let mut spans = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        spans.events.push(fields);
     }
 
     fn on_close(&self, id: tracing::span::Id, _: tracing_subscriber::layer::Context<'_, S>) {

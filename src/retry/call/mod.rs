@@ -23,6 +23,7 @@ use crate::engine::{
 use crate::grpc_timeout;
 use crate::metadata::{AttemptInfo, Deadline, GRPC_PREVIOUS_RPC_ATTEMPTS_NAME, TriedBackends};
 use crate::policy::{MethodPolicy, Policies, ThrottleHandle};
+use crate::telemetry::CallTrace;
 
 /// Whether a request is a gRPC call: its content type is `application/grpc` or
 /// `application/grpc+<codec>`.
@@ -88,18 +89,8 @@ where
         return ResponseFuture::passthrough(inner.call(request));
     };
     // Named for what the call does, whichever layer drives it.
-    let span = match start.rules.mode {
-        Mode::Retry(_) | Mode::Single => tracing::debug_span!(
-            "retry",
-            path = %request.uri().path(),
-            http.request.resend_count = tracing::field::Empty,
-        ),
-        Mode::Hedge(..) => tracing::debug_span!(
-            "hedge",
-            path = %request.uri().path(),
-            http.request.resend_count = tracing::field::Empty,
-        ),
-    };
+    let hedged = matches!(start.rules.mode, Mode::Hedge(..));
+    let span = CallTrace::call_span(hedged, request.uri().path());
     // The ready service takes the first attempt and stays in the layer, warm for the next
     // call; the call holds the shared spare and clones it only to send another attempt.
     let shared = LayerShared::get_or_make(&mut handles.shared, inner, policies);
