@@ -481,9 +481,6 @@ impl tower::Service<http::Request<http_body_util::Full<bytes::Bytes>>> for Scrip
 /// recorded.
 #[tokio::test(start_paused = true)]
 async fn both_drivers_keep_the_same_books_of_the_same_calls() {
-    use tower::{Layer as _, ServiceExt as _};
-    use tower_retry_hedge::RetryLayer;
-
     let unavailable = StatusCodeError::Unavailable;
     let scripts: [(&str, Vec<Answer>, ServiceConfig); 3] = [
         (
@@ -515,43 +512,21 @@ async fn both_drivers_keep_the_same_books_of_the_same_calls() {
             ),
         ),
     ];
-    for (name, answers, config) in scripts {
-        // Through the `grpc` interceptor.
-        let grpc_policies = config.policies();
-        let channel = Scripted::new(answers.clone());
-        let invoker = channel
-            .clone()
-            .with_interceptor(RetryInterceptor::new(grpc_policies.clone()));
-        let grpc_trace = AttemptTrace::default();
-        let seen = {
-            let _traced = grpc_trace.install();
-            unary(&invoker, CallOptions::new()).await
-        };
-        let grpc_attempts = channel.log().started.len();
-        let grpc_previous = seen.previous_attempts();
-
-        // Through the tower layer.
-        let tower_policies = config.policies();
-        let service = RetryLayer::new(tower_policies.clone())
-            .layer(ScriptedService(Arc::new(Mutex::new(answers.into()))));
-        let request = http::Request::post(format!("http://localhost{METHOD}"))
-            .header("content-type", "application/grpc")
-            .body(http_body_util::Full::new(bytes::Bytes::from_static(b"m")))
-            .expect("a valid request");
-        let tower_trace = AttemptTrace::default();
-        let response = {
-            let _traced = tower_trace.install();
-            service.oneshot(request).await.expect("infallible")
-        };
-        let tower_previous = response
-            .headers()
-            .get("grpc-previous-rpc-attempts")
-            .map(|v| v.to_str().expect("ascii").to_owned());
-        let tower_attempts = response
-            .extensions()
-            .get::<tower_retry_hedge::metadata::Attempts>()
-            .map_or(1, |a| a.counted() as usize);
-
+    // A first pass registers every callsite the calls reach. The other tests of this binary
+    // run the drivers on other threads with no subscriber, and a callsite registered there
+    // while a trace is being installed here can keep the interest "never" (tracing-core
+    // computes it from the dispatchers alive at registration): its spans and events would
+    // vanish from the trace. Once every callsite is registered, each install recomputes their
+    // interest with its subscriber alive, and no registration can race it.
+    for (_, answers, config) in &scripts {
+        one_call_through_each_driver(answers, config).await;
+    }
+    for (name, answers, config) in &scripts {
+        let calls = one_call_through_each_driver(answers, config).await;
+        let [
+            (grpc_attempts, grpc_previous, grpc_policies, grpc_trace),
+            (tower_attempts, tower_previous, tower_policies, tower_trace),
+        ] = calls;
         assert_eq!(grpc_attempts, tower_attempts, "{name}: attempts");
         assert_eq!(
             grpc_previous, tower_previous,
@@ -585,6 +560,59 @@ async fn both_drivers_keep_the_same_books_of_the_same_calls() {
             "{name}: every attempt span closed with its outcome: {attempts:#?}"
         );
     }
+}
+
+/// What one call of `answers` left through each driver (the `grpc` interceptor, then the
+/// tower layer), each under its own policies from `config` and its own trace: the attempts
+/// sent, the answer's `grpc-previous-rpc-attempts`, the policies (their statistics) and the
+/// trace.
+async fn one_call_through_each_driver(
+    answers: &[Answer],
+    config: &ServiceConfig,
+) -> [(usize, Option<String>, Policies, AttemptTrace); 2] {
+    use tower::{Layer as _, ServiceExt as _};
+    use tower_retry_hedge::RetryLayer;
+
+    // Through the `grpc` interceptor.
+    let grpc_policies = config.policies();
+    let channel = Scripted::new(answers.to_vec());
+    let invoker = channel
+        .clone()
+        .with_interceptor(RetryInterceptor::new(grpc_policies.clone()));
+    let grpc_trace = AttemptTrace::default();
+    let seen = {
+        let _traced = grpc_trace.install();
+        unary(&invoker, CallOptions::new()).await
+    };
+    let grpc_attempts = channel.log().started.len();
+    let grpc_previous = seen.previous_attempts();
+
+    // Through the tower layer.
+    let tower_policies = config.policies();
+    let service = RetryLayer::new(tower_policies.clone()).layer(ScriptedService(Arc::new(
+        Mutex::new(answers.to_vec().into()),
+    )));
+    let request = http::Request::post(format!("http://localhost{METHOD}"))
+        .header("content-type", "application/grpc")
+        .body(http_body_util::Full::new(bytes::Bytes::from_static(b"m")))
+        .expect("a valid request");
+    let tower_trace = AttemptTrace::default();
+    let response = {
+        let _traced = tower_trace.install();
+        service.oneshot(request).await.expect("infallible")
+    };
+    let tower_previous = response
+        .headers()
+        .get("grpc-previous-rpc-attempts")
+        .map(|v| v.to_str().expect("ascii").to_owned());
+    let tower_attempts = response
+        .extensions()
+        .get::<tower_retry_hedge::metadata::Attempts>()
+        .map_or(1, |a| a.counted() as usize);
+    [
+        (grpc_attempts, grpc_previous, grpc_policies, grpc_trace),
+        (tower_attempts, tower_previous, tower_policies, tower_trace),
+    ]
 }
 
 /// The spans and events of the calls traced while it is installed (on this thread): each
