@@ -150,3 +150,15 @@ fn the_schema_template_is_not_json() {
     assert_eq!(error.path(), "");
     assert!(error.to_string().contains("line 2"), "{error}");
 }
+
+#[test]
+fn per_attempt_recv_timeout_is_written_back() {
+    let json = r#"{"methodConfig": [{"name": [{"service": "s"}],
+        "retryPolicy": {"maxAttempts": 2, "initialBackoff": "0.1s", "maxBackoff": "1s",
+            "backoffMultiplier": 2, "retryableStatusCodes": [],
+            "perAttemptRecvTimeout": "0.25s"}}]}"#;
+    let config = ServiceConfig::from_json(json).unwrap();
+    let written = config.to_json();
+    assert!(written.contains("perAttemptRecvTimeout"), "{written}");
+    assert_eq!(ServiceConfig::from_json(&written).unwrap(), config);
+}
