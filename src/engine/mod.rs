@@ -1,6 +1,7 @@
 //! The A6 call as a plain state machine: events in, actions out.
 //!
-//! Every rule of gRFC A6 that decides what a call does lives here once, for both layers: a
+//! Every rule of gRFC A6 that decides what a call does lives here once, for both drivers (the
+//! tower layer and the `grpc` interceptor): a
 //! retried call is a hedged call with one attempt in flight and no hedging delay. The engine
 //! owns no futures and does no IO. Its own rules read no clock and draw no random numbers:
 //! the driver passes [`Inputs`] (the time, read lazily, and a random generator), and an

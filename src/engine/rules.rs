@@ -163,8 +163,6 @@ pub(crate) struct CallFacts<'a> {
     pub(crate) grpc: bool,
     /// The request's headers: `grpc-timeout` (of a gRPC call), `Idempotency-Key`.
     pub(crate) headers: &'a http::HeaderMap,
-    /// A layer of this crate above drives the call already (the request carries its mark).
-    pub(crate) driven: bool,
     /// A [`Deadline`](crate::metadata::Deadline) extension.
     pub(crate) deadline: Option<Instant>,
 }
@@ -227,7 +225,7 @@ pub(crate) fn plan(
     route: Option<usize>,
     now: &dyn Fn() -> Instant,
 ) -> Option<Start> {
-    if call.driven || nothing_applies(policy.as_ref(), table) {
+    if nothing_applies(policy.as_ref(), table) {
         return None;
     }
     let mut read = None;

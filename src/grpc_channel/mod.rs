@@ -281,7 +281,6 @@ impl Entrance for GrpcEntrance<'_> {
             method: &Method::POST,
             grpc: true,
             headers: &self.none,
-            driven: false,
             deadline: self.options.deadline(),
         }
     }

@@ -1,6 +1,8 @@
-//! The future of one call, for both layers. It does IO and nothing else: it reports what
-//! happened to the [engine](crate::engine) (the timer fired, the body committed, an attempt
-//! answered, the service failed) and carries out what the engine asks (send, cancel, end).
+//! The future of one call through the layer (`RetryLayer` and `HedgeLayer` are one type): the
+//! tower driver of the [engine](crate::engine). It reports what happened (the timer fired,
+//! the body committed, an attempt answered, the service was ready or failed) and carries out
+//! what the engine asks (send, post, cancel, time out, end); around that it keeps the
+//! attempts in flight, the kept last answer, the call's trace and its books.
 
 use std::future::Future;
 use std::pin::Pin;

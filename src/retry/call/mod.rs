@@ -1,5 +1,5 @@
-//! One call through a layer: which layer drives it, what it keeps to make its attempts, and
-//! the future that drives the [engine](crate::engine) for both layers.
+//! One call through the layer: whether it is driven, what it keeps to make its attempts, and
+//! the future that drives the [engine](crate::engine) for it.
 
 mod attempt;
 mod driver;
@@ -111,8 +111,6 @@ impl<S, B> Entrance for LayerEntrance<'_, S, B> {
             method: request.method(),
             grpc: is_grpc(request),
             headers: request.headers(),
-            // Seen before the call entered.
-            driven: false,
             deadline: request
                 .extensions()
                 .get::<Deadline>()
