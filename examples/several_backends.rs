@@ -34,9 +34,10 @@
 //! 127.0.0.1 instead: three, one answering every call UNAVAILABLE, behind tonic's
 //! `Channel::balance_list` and `balance::BalancedChannel`, under the retry layer (3 attempts,
 //! the README's quick-start backoff and gRFC A6's example throttle `{10, 0.1}`); 2 000
-//! calls, 16 at a time, a few runs of each. Printed per balancer: failed calls, those among the first 100, and the
-//! share of first attempts (requests without `grpc-previous-rpc-attempts`) that reached the
-//! dead server, in all and from call 200 on; medians and ranges over the runs.
+//! calls, 16 at a time, a few runs of each. Printed per balancer: failed calls, those among
+//! the first 100, and the share of first attempts (requests without
+//! `grpc-previous-rpc-attempts`) that reached the dead server, in all and from call 200 on;
+//! medians and ranges over the runs.
 //!
 //! ```text
 //! cargo run --release --features balance --example several_backends -- \
@@ -667,8 +668,8 @@ mod loopback {
         elapsed: Duration,
     }
 
-    /// The README's quick-start retry backoff with `maxAttempts` 3: 0.1 s, ×2, at most 1 s, ±20 %;
-    /// throttle {10, 0.1}; each call records the backends it tried.
+    /// The README's quick-start retry backoff with `maxAttempts` 3: 0.1 s, ×2, at most 1 s,
+    /// ±20 %; throttle {10, 0.1}; each call records the backends it tried.
     fn policies() -> Result<Policies, BoxError> {
         let policy = RetryPolicy::builder()
             .max_attempts(3)

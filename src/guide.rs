@@ -336,8 +336,8 @@
 //! `connectionScaling.maxConnectionsPerSubchannel`, `waitForReady`, `timeout`,
 //! `maxRequestMessageBytes`, `maxResponseMessageBytes`, `name[].service` and
 //! `name[].method`), as is `retryPolicy.perAttemptRecvTimeout`, which grpc-java and C-core
-//! read, and this crate applies as C-core does. The contents of `loadBalancingConfig` belong to each load balancer and are not
-//! looked into.
+//! read, and this crate applies as C-core does. The contents of `loadBalancingConfig` belong
+//! to each load balancer and are not looked into.
 //!
 //! ```
 //! use tower_retry_hedge::config::ServiceConfig;

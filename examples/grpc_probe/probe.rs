@@ -46,7 +46,8 @@ usage: grpc_probe --target HOST:PORT --service-config JSON|@FILE --method /pkg.S
                   [--payload STRING] [--calls N] [--concurrency N] [--deadline-ms N]
 
 Sends N unary calls through the crate's retry layer (it retries or hedges each method as
-its policy says), configured by a gRPC service config, and prints one JSON line per call, in call order:
+its policy says), configured by a gRPC service config, and prints one JSON line per call,
+in call order:
   {\"call\": 0, \"code\": 0, \"status\": \"OK\", \"message\": \"\", \"attempts\": 1, \"elapsed_ms\": 1.2}
 
   --target          the server, HOST:PORT (plain-text HTTP/2), or a full http:// URI

@@ -127,10 +127,10 @@ impl ServiceConfig {
     /// looked into), `healthCheckConfig.serviceName`,
     /// `connectionScaling.maxConnectionsPerSubchannel`, a method config's `waitForReady`,
     /// `timeout`, `maxRequestMessageBytes` and `maxResponseMessageBytes`. A retry policy's
-    /// `perAttemptRecvTimeout` (read by grpc-java and C-core) is read and applied. Only the proto3 JSON names are
-    /// defined (`maxAttempts`, not `max_attempts` nor `MaxAttempts`, which grpc-go's
-    /// case-insensitive decoding would also take): those are listed, with the field they
-    /// stand for as the suggestion, as the crate does not read them.
+    /// `perAttemptRecvTimeout` (read by grpc-java and C-core) is read and applied. Only the
+    /// proto3 JSON names are defined (`maxAttempts`, not `max_attempts` nor `MaxAttempts`,
+    /// which grpc-go's case-insensitive decoding would also take): those are listed, with the
+    /// field they stand for as the suggestion, as the crate does not read them.
     ///
     /// ```
     /// use tower_retry_hedge::config::ServiceConfig;

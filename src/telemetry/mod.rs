@@ -146,9 +146,8 @@ struct Spans {
 }
 
 impl CallTrace {
-    /// The traces of a call whose first attempt is in flight, under the call's span.
     /// The span of a call to `path`, named for what the call does (`hedge` for a hedging
-    /// policy, else `retry`), with the fields the table above lists for every driver.
+    /// policy, else `retry`), with the fields the module's table lists for every driver.
     pub(crate) fn call_span(hedged: bool, path: &str) -> Span {
         match hedged {
             true => tracing::debug_span!(
@@ -164,6 +163,7 @@ impl CallTrace {
         }
     }
 
+    /// The traces of a call whose first attempt is in flight, under the call's span.
     pub(crate) fn of_call(call: Span) -> CallTrace {
         if call.is_disabled() {
             return CallTrace(None);

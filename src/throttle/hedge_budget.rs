@@ -25,8 +25,8 @@ use crate::error::BuildError;
 /// one budget can also be shared by several policies. Hedging policies get
 /// [`HedgeBudget::default`] (5 % over 10 s, 2 per second) unless given another, whether built
 /// in code or made from service-config JSON; [`HedgePolicyBuilder::budget`] and, for a whole
-/// table, [`PoliciesBuilder::hedge_budget`] change it or turn it off. Time is `tokio::time::Instant`, so
-/// it can be tested on tokio's paused clock.
+/// table, [`PoliciesBuilder::hedge_budget`] change it or turn it off. Time is
+/// `tokio::time::Instant`, so it can be tested on tokio's paused clock.
 ///
 /// [`HedgePolicyBuilder::budget`]: crate::policy::HedgePolicyBuilder::budget
 /// [`PoliciesBuilder::hedge_budget`]: crate::policy::PoliciesBuilder::hedge_budget
