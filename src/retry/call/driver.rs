@@ -214,11 +214,24 @@ where
 
 type Output<RB> = Result<Response<RB>, BoxError>;
 
+/// The service below the layer as the driver needs it: the bounds of the layer's `Service`
+/// impl (but `Clone`, which only sending an attempt needs), written once. Its
+/// answers are `Response<RB>`, its errors convert into `BoxError`, and its futures may be let
+/// finish on a task of their own.
+pub(crate) trait Below<B, RB>:
+    Service<Request<B>, Response = Response<RB>, Error: Into<BoxError>, Future: Send + 'static>
+{
+}
+
+impl<S, B, RB> Below<B, RB> for S where
+    S: Service<Request<B>, Response = Response<RB>, Error: Into<BoxError>, Future: Send + 'static>
+{
+}
+
+// `Response = Response<RB>` spelled out: an impl's type parameter is constrained only so.
 impl<S, B, RB> Future for Driver<S, B>
 where
-    S: Service<Request<B>, Response = Response<RB>> + Clone,
-    S::Error: Into<BoxError>,
-    S::Future: Send + 'static,
+    S: Service<Request<B>, Response = Response<RB>> + Below<B, RB> + Clone,
     RB: http_body::Body + Send + 'static,
     B: Replay,
 {
@@ -268,9 +281,7 @@ fn poll_attempts<S, B, RB>(
     cx: &mut Context<'_>,
 ) -> Option<Output<RB>>
 where
-    S: Service<Request<B>, Response = Response<RB>> + Clone,
-    S::Error: Into<BoxError>,
-    S::Future: Send + 'static,
+    S: Below<B, RB> + Clone,
     RB: http_body::Body + Send + 'static,
     B: Replay,
 {
@@ -317,9 +328,7 @@ fn act<S, B, RB>(
     cx: &mut Context<'_>,
 ) -> Option<Progress<Output<RB>>>
 where
-    S: Service<Request<B>, Response = Response<RB>> + Clone,
-    S::Error: Into<BoxError>,
-    S::Future: Send + 'static,
+    S: Below<B, RB> + Clone,
     RB: http_body::Body + Send + 'static,
     B: Replay,
 {
@@ -382,9 +391,7 @@ fn send_attempt<S, B, RB>(
     cx: &mut Context<'_>,
 ) -> Sent<Box<Output<RB>>>
 where
-    S: Service<Request<B>, Response = Response<RB>> + Clone,
-    S::Error: Into<BoxError>,
-    S::Future: Send + 'static,
+    S: Below<B, RB> + Clone,
     RB: http_body::Body + Send + 'static,
     B: Replay,
 {
@@ -448,9 +455,7 @@ where
 /// The call's result when no answer was returned.
 fn end_call<S, B, RB>(this: &mut Proj<'_, S, B>, end: End, marks: AttemptMarks) -> Output<RB>
 where
-    S: Service<Request<B>, Response = Response<RB>>,
-    S::Error: Into<BoxError>,
-    S::Future: Send + 'static,
+    S: Below<B, RB>,
     RB: http_body::Body + Send + 'static,
     B: Replay,
 {
@@ -505,9 +510,7 @@ fn answer<S, B, RB>(
     inputs: &mut Inputs<'_>,
 ) -> Option<Output<RB>>
 where
-    S: Service<Request<B>, Response = Response<RB>>,
-    S::Error: Into<BoxError>,
-    S::Future: Send + 'static,
+    S: Below<B, RB>,
     RB: http_body::Body + Send + 'static,
     B: Replay,
 {
