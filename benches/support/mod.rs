@@ -281,7 +281,7 @@ pub trait Visit {
 }
 
 /// The names of the variants, in the order [`each_variant`] visits them.
-pub const VARIANTS: [&str; 10] = [
+pub const VARIANTS: [&str; 12] = [
     "bare",
     "tower_retry",
     "tower_retry+tps_budget",
@@ -289,8 +289,10 @@ pub const VARIANTS: [&str; 10] = [
     "resilience_retry",
     "resilience_hedge",
     "ours_retry_policy",
+    "ours_retry_policy+track_backends",
     "ours_retry_no_policy",
     "ours_retry_no_policy_passthrough",
+    "ours_hedge_policy+no_tracking",
     "ours_hedge_policy",
 ];
 

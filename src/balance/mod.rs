@@ -24,7 +24,7 @@
 //! - every call of a table built with `track_backends(true)`
 //!   ([`PoliciesBuilder::track_backends`](crate::policy::PoliciesBuilder::track_backends)),
 //!   retry policies included: a retry policy does not record by default, because the record
-//!   is an allocation that every call pays, and most calls never retry (BENCHMARKS.md,
+//!   costs every call 7 allocations, and most calls never retry (BENCHMARKS.md,
 //!   "Several backends", has the figure). Turn it on for retry policies over this balancer,
 //!   for a table from JSON too:
 //!   `ServiceConfig::from_json(json)?.policies_builder_with(Jitter::GRPC).track_backends(true).build()`.

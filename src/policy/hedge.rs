@@ -185,8 +185,10 @@ impl HedgePolicyBuilder {
     /// [`TriedBackends`](crate::metadata::TriedBackends) list, in which a load balancer records
     /// the backend it picked, so that later hedges can go elsewhere (A6: "hedged requests
     /// should be sent to distinct backends"). On by default, for policies built in code and
-    /// from service-config JSON alike: the record is one allocation per call, which a hedged
-    /// call, whose attempts overlap, needs for a balancer below to keep that promise.
+    /// from service-config JSON alike. It costs every call 7 allocations (the record, the
+    /// request's extension map it goes in, and the copy of that map kept for later attempts;
+    /// about 1 600 instructions, BENCHMARKS.md), which a hedged call, whose attempts overlap,
+    /// pays for a balancer below to keep that promise.
     /// `false` drops it for this policy's calls, unless
     /// [`PoliciesBuilder::track_backends`](crate::policy::PoliciesBuilder::track_backends)
     /// turns it on for every call of the table; a call keeps the list if either asks.

