@@ -130,6 +130,7 @@ pub mod balance;
 pub mod body;
 pub mod classify;
 pub mod config;
+mod drive;
 mod engine;
 pub mod error;
 #[cfg(feature = "grpc")]

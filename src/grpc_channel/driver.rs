@@ -1,13 +1,12 @@
-//! The task of one call through [`RetryInterceptor`](super::RetryInterceptor): it starts the
-//! attempts the engine asks for on the channel, tells the engine how each answered (its
-//! response headers, or its status), and hands the application the attempt the call commits
-//! to. IO only: every decision is the engine's, as in the tower layers' driver.
+//! The task of one call through [`RetryInterceptor`](super::RetryInterceptor): the
+//! interceptor's IO for the [drive loop](crate::drive), which starts the attempts the engine
+//! asks for on the channel, tells the engine how each answered (its response headers, or its
+//! status), and hands the application the attempt the call commits to.
 
 use std::future::{Future, poll_fn};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use ::grpc::client::{
     CallOptions, Invoke, RecvStream, ResponseStreamItem, SendOptions, SendStream,
@@ -18,20 +17,16 @@ use ::grpc::{StatusCodeError, StatusError};
 use bytes::{Buf, Bytes};
 use http::{HeaderMap, StatusCode};
 use http_body_util::BodyExt;
-use rand::SeedableRng;
-use rand::rngs::SmallRng;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-use tokio::time::Sleep;
-use tracing::Instrument;
 
 use super::Handles;
 use super::message::{Messages, Unframe};
 use crate::body::ReplayBody;
 use crate::classify::{AttemptResult, Code};
+use crate::drive::{Attempts, Drive, Ended, Io};
 use crate::engine::{
-    Action, Admission, AttemptHeaders, AttemptId, AttemptMarks, Books, CommitBody, Dispatch, End,
-    Engine, Inputs, Mode, Readiness, Start, Verdict,
+    AttemptHeaders, AttemptId, AttemptMarks, BodyKind, Books, CommitBody, Engine, Mode, Start,
 };
 use crate::grpc_timeout::GRPC_TIMEOUT;
 use crate::metadata::GRPC_PREVIOUS_RPC_ATTEMPTS;
@@ -102,228 +97,177 @@ impl RecvMessage for NoMessage {
 
 /// An attempt in flight: its future ends with its first item. Dropping it cancels the RPC
 /// (its receive stream) and its sender.
-struct Attempt<R> {
-    id: AttemptId,
-    future: Pin<Box<dyn Future<Output = Answer<R>> + Send>>,
-}
+type Attempt<R> = Pin<Box<dyn Future<Output = Answer<R>> + Send>>;
 
-/// The body's side of a commit: the template every attempt's reader is cloned from.
-struct Recorded(ReplayBody<Messages>);
-
-impl CommitBody for Recorded {
-    fn commit(&self, reader: u64) -> u64 {
-        if self.0.commit_to(reader) {
-            reader
-        } else {
-            self.0.committed_reader().unwrap_or(reader)
-        }
-    }
-}
-
-/// One call the interceptor drives.
-pub(super) struct GrpcCall<I: Invoke> {
+/// The interceptor's IO for the [drive loop](crate::drive): each attempt is an RPC started on
+/// the channel, with its own reader of the messages; its answer is its first item (response
+/// headers, or a status in trailers). `grpc` 0.9 cannot reset an attempt or tell one that
+/// never left: an attempt no longer needed is dropped, which ends its request stream.
+pub(super) struct GrpcIo<I: Invoke> {
     invoker: I,
     headers: RequestHeaders,
     options: CallOptions,
-    body: Recorded,
-    engine: Engine,
+    body: ReplayBody<Messages>,
     /// The interceptor's handles: the table, for statistics, metrics and route names.
     handles: Arc<Handles>,
     route: Option<usize>,
     deadline: Option<std::time::Instant>,
-    attempts: Vec<Attempt<I::RecvStream>>,
-    /// The failure kept as the call's last (see [`Verdict::Keep`]).
-    last: Option<(AttemptId, Answer<I::RecvStream>)>,
-    timer: Pin<Box<Sleep>>,
-    /// When `timer` fires, once set.
-    timer_at: Option<std::time::Instant>,
-    /// The body's commit was told to the engine.
-    commit_seen: bool,
-    /// The call's span and its attempts', fed with what the engine says, as the layers'.
-    trace: CallTrace,
+    /// The headers an answer with response headers is read with: the classifier reads a
+    /// response by its HTTP status and headers, and a gRPC response has begun.
+    no_headers: HeaderMap,
 }
 
-impl<I> GrpcCall<I>
+/// The call the interceptor drives: its first attempt goes when the call's task first polls
+/// it (futures are lazy).
+pub(super) fn call<I>(
+    invoker: I,
+    headers: RequestHeaders,
+    options: CallOptions,
+    body: ReplayBody<Messages>,
+    start: Start,
+    handles: Arc<Handles>,
+) -> Drive<GrpcIo<I>>
 where
     I: Invoke + Clone + Send + 'static,
     I::SendStream: Send,
     I::RecvStream: Send,
 {
-    pub(super) fn new(
-        invoker: I,
-        headers: RequestHeaders,
-        options: CallOptions,
-        body: ReplayBody<Messages>,
-        start: Start,
-        handles: Arc<Handles>,
-    ) -> GrpcCall<I> {
-        let first_reader = body.clone();
-        let route = start.route;
-        let deadline = start.deadline;
-        // Named for what the call does, with the fields the layers' call spans have.
-        let hedged = matches!(start.rules.mode, Mode::Hedge(..));
-        let span = CallTrace::call_span(hedged, headers.method_name());
-        let first_headers = AttemptHeaders {
-            previous: None,
-            timeout: start.first_timeout(|| tokio::time::Instant::now().into_std()),
-        };
-        let engine = Engine::new(
-            start.rules,
-            start.deadline,
-            crate::engine::BodyKind::Recorded,
-            first_reader.reader_id(),
-            start.first_sent_at,
-        );
-        let mut call = GrpcCall {
-            invoker,
-            headers,
-            options,
-            body: Recorded(body),
-            engine,
-            handles,
-            route,
-            deadline,
-            attempts: Vec::new(),
-            last: None,
-            timer: Box::pin(tokio::time::sleep(Duration::ZERO)),
-            timer_at: None,
-            commit_seen: false,
-            trace: CallTrace::of_call(span),
-        };
-        // Futures are lazy: the first attempt goes when the call's task first polls it.
-        call.start_attempt(AttemptId::FIRST, first_reader, first_headers);
-        call
-    }
+    // Named for what the call does, with the fields the layers' call spans have.
+    let hedged = matches!(start.rules.mode, Mode::Hedge(..));
+    let span = CallTrace::call_span(hedged, headers.method_name());
+    let first_headers = AttemptHeaders {
+        previous: None,
+        timeout: start.first_timeout(|| tokio::time::Instant::now().into_std()),
+    };
+    let first_reader = body.clone();
+    let engine = Engine::new(
+        start.rules,
+        start.deadline,
+        BodyKind::Recorded,
+        first_reader.reader_id(),
+        start.first_sent_at,
+    );
+    let mut io = GrpcIo {
+        invoker,
+        headers,
+        options,
+        body,
+        handles,
+        route: start.route,
+        deadline: start.deadline,
+        no_headers: HeaderMap::new(),
+    };
+    let first = io.start(first_reader, AttemptId::FIRST, false, first_headers);
+    // Boxed already: the first attempt is stopped by dropping it, as every other.
+    Drive::new(first, false, engine, span, io)
+}
 
-    /// Runs the call to its decision, which goes to `decided`; ends early when the
-    /// application drops its receive stream.
-    pub(super) async fn run(mut self, mut decided: oneshot::Sender<Answer<I::RecvStream>>) {
-        let span = self
-            .trace
-            .call()
-            .cloned()
-            .unwrap_or_else(tracing::Span::none);
-        async move {
-            let mut rng = SmallRng::from_rng(&mut rand::rng());
-            let read = || tokio::time::Instant::now().into_std();
-            let decision = loop {
-                let wake_at = match self.advance(&read, &mut rng) {
-                    Ok(decision) => break decision,
-                    Err(wake_at) => wake_at,
-                };
-                if let Some(at) = wake_at
-                    && self.timer_at != Some(at)
-                {
-                    self.timer_at = Some(at);
-                    self.timer
-                        .as_mut()
-                        .reset(tokio::time::Instant::from_std(at));
-                }
-                let event =
-                    poll_fn(|cx| self.poll_event(cx, wake_at.is_some(), &mut decided)).await;
-                let mut inputs = Inputs::new(&read, &mut rng);
-                match event {
-                    Event::Abandoned => return,
-                    // The engine's next poll sees the time, and a deadline passed.
-                    Event::Timer => {}
-                    Event::Committed(reader) => self.engine.on_commit(reader),
-                    Event::Answered(index, answer) => {
-                        // Its future is done: only its identity is left.
-                        let Attempt { id, .. } = self.attempts.swap_remove(index);
-                        if let Some(decision) = self.on_answer(id, answer, &mut inputs) {
-                            break decision;
-                        }
-                    }
-                }
-            };
-            // The answer goes to the application; its sender goes on here, so that one task
-            // does the call's work until the application drops its receive stream.
-            let mut decision = decision;
-            let sender = decision.sender.take();
-            if decided.send(decision).is_ok()
-                && let Some(sender) = sender
-            {
-                sender.await;
-            }
+/// Runs the call to its decision, which goes to `decided`; ends early when the application
+/// drops its receive stream. The answer's sender goes on here, so that one task does the
+/// call's work until the application drops its receive stream.
+pub(super) async fn run<I>(
+    call: Drive<GrpcIo<I>>,
+    mut decided: oneshot::Sender<Answer<I::RecvStream>>,
+) where
+    I: Invoke + Clone + Send + 'static,
+    I::SendStream: Send,
+    I::RecvStream: Send,
+{
+    let Some(mut decision) = decide(call, &mut decided).await else {
+        return;
+    };
+    let sender = decision.sender.take();
+    if decided.send(decision).is_ok()
+        && let Some(sender) = sender
+    {
+        sender.await;
+    }
+}
+
+/// The call's decision; `None` if the application dropped its receive stream first. The
+/// call (its timer, every attempt but the one decided on) is dropped as it returns.
+async fn decide<I>(
+    call: Drive<GrpcIo<I>>,
+    decided: &mut oneshot::Sender<Answer<I::RecvStream>>,
+) -> Option<Answer<I::RecvStream>>
+where
+    I: Invoke + Clone + Send + 'static,
+    I::SendStream: Send,
+    I::RecvStream: Send,
+{
+    let mut call = std::pin::pin!(call);
+    poll_fn(|cx| {
+        if decided.poll_closed(cx).is_ready() {
+            return Poll::Ready(None);
         }
-        .instrument(span)
-        .await
-    }
+        call.as_mut().poll(cx).map(Some)
+    })
+    .await
+}
 
-    /// Carries out what the engine asks until it waits: `Ok` with the call's decision when it
-    /// ends, `Err` with when to wake it otherwise.
-    fn advance(
-        &mut self,
-        read: &dyn Fn() -> std::time::Instant,
-        rng: &mut SmallRng,
-    ) -> Result<Answer<I::RecvStream>, Option<std::time::Instant>> {
-        let mut inputs = Inputs::new(read, rng);
-        loop {
-            match self.engine.poll(&mut inputs) {
-                Action::Send(send) => self.send(send, &mut inputs),
-                Action::Post(records) => {
-                    books(&self.handles, self.route, self.headers.method_name()).post(&records);
-                }
-                Action::Cancel(kept) => {
-                    self.attempts.retain(|attempt| Some(attempt.id) == kept);
-                    self.trace.cancelled(kept);
-                }
-                Action::TimedOut(id) => {
-                    self.attempts.retain(|attempt| attempt.id != id);
-                    self.trace.timed_out(id);
-                    // CANCELLED, as C-core ends a call whose last attempt timed out.
-                    let trailers =
-                        status(StatusCodeError::Cancelled, crate::error::ATTEMPT_TIMED_OUT);
-                    self.last = Some((id, Answer::ended(trailers)));
-                }
-                Action::End(End::Last(id), marks) => {
-                    return Ok(match self.last.take() {
-                        Some((kept, answered)) if kept == id => self.answer(answered, marks),
-                        _ => Answer::ended(status(
-                            StatusCodeError::Unavailable,
-                            "the call ended with no answer kept",
-                        )),
-                    });
-                }
-                Action::End(End::DeadlineExceeded, marks) => {
-                    self.close();
-                    let attempts = marks.attempts.sent();
-                    let message = format!("deadline exceeded after {attempts} attempt(s)");
-                    let trailers = status(StatusCodeError::DeadlineExceeded, &message);
-                    return Ok(marked(Answer::ended(trailers), marks));
-                }
-                Action::Wait(at) => return Err(at),
-            }
+impl<I: Invoke> Io for GrpcIo<I> {
+    type Attempt = Attempt<I::RecvStream>;
+    type Answer = Answer<I::RecvStream>;
+
+    fn books(&self) -> Books<'_> {
+        Books {
+            policies: &self.handles.policies,
+            route: self.route,
+            path: self.headers.method_name(),
+            #[cfg(feature = "opentelemetry")]
+            authority: None,
+            #[cfg(feature = "opentelemetry")]
+            extensions: None,
         }
     }
 
-    /// A send the engine asked for: the channel is always ready, so it goes at once if the
-    /// engine admits it.
-    fn send(&mut self, send: Dispatch, inputs: &mut Inputs<'_>) {
-        if let Some(reader) = self.body.0.committed_reader() {
-            // The body committed itself (as a sender read it) since the call last looked: no
-            // new attempt may start, and the engine is told before it asks again.
-            self.commit_seen = true;
-            self.engine.on_commit(reader);
-            return;
+    /// Nothing to count: `grpc` 0.9 resets no stream.
+    fn abandon(&mut self, _: usize) {}
+}
+
+/// The body's side of a commit, on the template every attempt's reader is cloned from.
+impl<I: Invoke> CommitBody for GrpcIo<I> {
+    fn commit(&self, reader: u64) -> u64 {
+        if self.body.commit_to(reader) {
+            reader
+        } else {
+            self.body.committed_reader().unwrap_or(reader)
         }
-        if self.engine.admit(send, Readiness::Ready, inputs) != Admission::Send {
-            return;
+    }
+}
+
+impl<I> Attempts for GrpcIo<I>
+where
+    I: Invoke + Clone + Send + 'static,
+    I::SendStream: Send,
+    I::RecvStream: Send,
+{
+    type Copy = ReplayBody<Messages>;
+    type Output = Answer<I::RecvStream>;
+
+    /// The channel is always ready: it queues an RPC until it has a connection.
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Answer>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn copy_body(&mut self) -> Option<(ReplayBody<Messages>, u64)> {
+        if self.body.committed_reader().is_some() {
+            return None;
         }
-        let reader = self.body.0.clone();
-        let (id, attempt_headers) = self.engine.on_sent(send, reader.reader_id(), inputs);
-        self.trace.sent(id, Some(send));
-        self.start_attempt(id, reader, attempt_headers);
+        let reader = self.body.clone();
+        let id = reader.reader_id();
+        Some((reader, id))
     }
 
     /// Starts attempt `id` on the channel, with its own reader of the messages and the
     /// headers the engine gave it.
-    fn start_attempt(
+    fn start(
         &mut self,
-        id: AttemptId,
         reader: ReplayBody<Messages>,
+        _: AttemptId,
+        _: bool,
         attempt_headers: AttemptHeaders,
-    ) {
+    ) -> Self::Attempt {
         let mut headers = self.headers.clone();
         let mut options = self.options.clone();
         if let Some(deadline) = self.deadline {
@@ -338,7 +282,7 @@ where
             }
         }
         let invoker = self.invoker.clone();
-        let future = async move {
+        Box::pin(async move {
             let (send, mut recv) = invoker.invoke(headers, options).await;
             // The sender goes with the attempt, polled beside its receive stream on the
             // call's task: dropping the attempt stops both.
@@ -363,59 +307,19 @@ where
                 sender,
                 deadline: None,
             }
-        };
-        self.attempts.push(Attempt {
-            id,
-            future: Box::pin(future),
-        });
+        })
     }
 
-    /// What wakes the call: an attempt's first item, the timer, the body's commit, or the
-    /// application gone.
-    fn poll_event(
-        &mut self,
-        cx: &mut Context<'_>,
-        timed: bool,
-        decided: &mut oneshot::Sender<Answer<I::RecvStream>>,
-    ) -> Poll<Event<I::RecvStream>> {
-        if decided.poll_closed(cx).is_ready() {
-            return Poll::Ready(Event::Abandoned);
-        }
-        // As the layers' driver: the timer first (a passed deadline ends the call before an
-        // answer ready in the same poll is accepted), then the body's commit (which cuts off
-        // the other attempts before their answers count), then the answers.
-        if timed && self.timer.as_mut().poll(cx).is_ready() {
-            return Poll::Ready(Event::Timer);
-        }
-        if !self.commit_seen
-            && let Poll::Ready(reader) = self.body.0.poll_committed(cx)
-        {
-            self.commit_seen = true;
-            return Poll::Ready(Event::Committed(reader));
-        }
-        for (index, attempt) in self.attempts.iter_mut().enumerate() {
-            let _entered = self.trace.enter(attempt.id);
-            if let Poll::Ready(answer) = attempt.future.as_mut().poll(cx) {
-                return Poll::Ready(Event::Answered(index, answer));
-            }
-        }
-        Poll::Pending
+    fn poll_attempt(attempt: Pin<&mut Self::Attempt>, cx: &mut Context<'_>) -> Poll<Self::Answer> {
+        attempt.get_mut().as_mut().poll(cx)
     }
 
-    /// Tells the engine how attempt `id` answered; gives the call's decision if this answer
-    /// ends it.
-    fn on_answer(
-        &mut self,
-        id: AttemptId,
-        answered: Answer<I::RecvStream>,
-        inputs: &mut Inputs<'_>,
-    ) -> Option<Answer<I::RecvStream>> {
-        let headers = HeaderMap::new();
-        let view = match &answered.first {
+    fn read<'a>(&'a self, answered: &'a Self::Answer) -> AttemptResult<'a> {
+        match &answered.first {
             // A response has begun: the call commits to it.
             ResponseStreamItem::Headers(_) => AttemptResult::Response {
                 status: StatusCode::OK,
-                headers: &headers,
+                headers: &self.no_headers,
             },
             ResponseStreamItem::Trailers(trailers) => status_of(trailers),
             // Out of gRPC's order, or a stream that closed with no status: the call broke, a
@@ -423,59 +327,49 @@ where
             ResponseStreamItem::Message | ResponseStreamItem::StreamClosed => {
                 AttemptResult::Error(&StreamBroke)
             }
-        };
-        let (verdict, outcome) = self.engine.on_answer(id, view, &self.body, inputs);
-        self.trace.answered(id, &outcome);
-        match verdict {
-            Verdict::Return(marks) => Some(self.answer(answered, marks)),
-            Verdict::Keep => {
-                self.last = Some((id, answered));
-                None
-            }
-            Verdict::Drop => None,
         }
     }
 
-    /// The decision that hands an attempt's answer to the application, marked with the
-    /// retry attempts made (`marks`); the call's books close with it. An answer in trailers
-    /// ends the call: its sender stops, and with it the last reader of the messages.
-    fn answer(
-        &mut self,
-        mut answered: Answer<I::RecvStream>,
-        marks: AttemptMarks,
-    ) -> Answer<I::RecvStream> {
-        // Every other attempt is dropped unanswered.
-        self.attempts.clear();
-        self.trace.cancelled(None);
+    /// Dropped: `grpc` 0.9 cannot reset the stream, and nothing can be let finish.
+    fn stop(&mut self, _: AttemptId, _: Option<Pin<Box<Self::Attempt>>>) {}
+
+    fn discard(&mut self, _: Self::Answer) {}
+
+    fn poll_committed(&self, cx: &mut Context<'_>) -> Poll<u64> {
+        self.body.poll_committed(cx)
+    }
+
+    fn committed_reader(&self) -> Option<u64> {
+        self.body.committed_reader()
+    }
+
+    fn ended(&self, why: Ended) -> Self::Answer {
+        Answer::ended(match why {
+            // CANCELLED, as C-core ends a call whose last attempt timed out.
+            Ended::AttemptTimedOut => {
+                status(StatusCodeError::Cancelled, crate::error::ATTEMPT_TIMED_OUT)
+            }
+            Ended::DeadlineExceeded(attempts) => {
+                let message = format!("deadline exceeded after {attempts} attempt(s)");
+                status(StatusCodeError::DeadlineExceeded, &message)
+            }
+            Ended::NoAnswer => status(
+                StatusCodeError::Unavailable,
+                "the call ended with no answer kept",
+            ),
+        })
+    }
+
+    /// The answer the application reads, marked with the retry attempts made. An answer in
+    /// trailers ends the call: its sender stops, and with it the last reader of the
+    /// messages.
+    fn finish(&mut self, mut answered: Self::Answer, marks: AttemptMarks) -> Self::Output {
         if matches!(answered.first, ResponseStreamItem::Trailers(_)) {
             answered.sender = None;
         } else {
             answered.deadline = self.deadline;
         }
-        self.close();
         marked(answered, marks)
-    }
-}
-
-impl<I: Invoke> GrpcCall<I> {
-    /// Closes the call's books (see [`Engine::close`]).
-    fn close(&mut self) {
-        let (handles, headers) = (&self.handles, &self.headers);
-        self.engine
-            .close(|| books(handles, self.route, headers.method_name()))
-    }
-}
-
-/// Where the books of a call on `path` go, as the layers' driver posts to them.
-fn books<'a>(handles: &'a Handles, route: Option<usize>, path: &'a str) -> Books<'a> {
-    Books {
-        policies: &handles.policies,
-        route,
-        path,
-        #[cfg(feature = "opentelemetry")]
-        authority: None,
-        #[cfg(feature = "opentelemetry")]
-        extensions: None,
     }
 }
 
@@ -500,23 +394,6 @@ fn marked<R>(mut answered: Answer<R>, marks: AttemptMarks) -> Answer<R> {
         ResponseStreamItem::Message | ResponseStreamItem::StreamClosed => {}
     }
     answered
-}
-
-/// The call's books are closed when its state goes, however the call ended: with an answer,
-/// abandoned, or its task aborted with the application's receive stream.
-impl<I: Invoke> Drop for GrpcCall<I> {
-    fn drop(&mut self) {
-        self.close();
-    }
-}
-
-/// What woke a call.
-enum Event<R> {
-    /// The attempt at this index in the list answered; its future is done.
-    Answered(usize, Answer<R>),
-    Timer,
-    Committed(u64),
-    Abandoned,
 }
 
 /// The status of a Trailers-Only answer, with the pushback that came with it. `grpc` 0.9

@@ -98,7 +98,7 @@ use ::grpc::core::{RecvMessage, RequestHeaders, SendMessage};
 use http::{HeaderMap, Method};
 use tokio::sync::{mpsc, oneshot};
 
-use self::driver::{AbortOnDrop, Answer, GrpcCall};
+use self::driver::{AbortOnDrop, Answer};
 use self::message::{Messages, frame};
 use crate::body::ReplayBody;
 use crate::engine::{self, CallFacts, Entrance, Start};
@@ -218,7 +218,7 @@ where
             }
         };
         let (decided, decision) = oneshot::channel();
-        let call = GrpcCall::new(
+        let call = driver::call(
             next.clone(),
             headers,
             options,
@@ -226,7 +226,7 @@ where
             start,
             Arc::clone(&self.handles),
         );
-        let task = tokio::spawn(call.run(decided));
+        let task = tokio::spawn(driver::run(call, decided));
         (
             RetrySend(SendState::Recorded(Some(sender))),
             RetryRecv(RecvState::Waiting {

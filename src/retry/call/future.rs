@@ -9,8 +9,9 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use super::driver::Driver;
+use super::driver::LayerIo;
 use crate::body::Replay;
+use crate::drive::Drive;
 use crate::error::BoxError;
 
 pin_project! {
@@ -42,7 +43,7 @@ pin_project! {
         // A call the engine runs.
         Driven {
             #[pin]
-            driver: Driver<S, B>,
+            driver: Drive<LayerIo<S, B>>,
         },
     }
 }
@@ -58,7 +59,7 @@ where
         }
     }
 
-    pub(crate) fn driven(driver: Driver<S, B>) -> Self {
+    pub(crate) fn driven(driver: Drive<LayerIo<S, B>>) -> Self {
         ResponseFuture {
             state: State::Driven { driver },
         }

@@ -1,7 +1,6 @@
 //! One call through the layer: whether it is driven, what it keeps to make its attempts, and
 //! the future that drives the [engine](crate::engine) for it.
 
-mod attempt;
 mod driver;
 mod future;
 mod handles;
@@ -14,9 +13,11 @@ use http::header::CONTENT_TYPE;
 use tokio::time::Instant;
 use tower_service::Service;
 
+use self::driver::LayerIo;
 pub use self::future::ResponseFuture;
 pub(crate) use self::handles::Handles;
 use crate::body::{BufferLimits, Copies, Replay};
+use crate::drive::Drive;
 use crate::engine::{
     self, AttemptId, BodyKind, CallFacts, CommitBody, Engine, Entrance, Mode, Start,
 };
@@ -148,41 +149,27 @@ where
     }
     let limits = shared.policies.buffer_limits();
     let (call, first, reader) = Call::start(request, limits, start.track_backends);
-    let future = sending(|| inner.call(first));
-    let body = call.body_kind();
-    let may_stop_first = start.may_stop_first();
-    let facts = driver::Planned {
-        grpc: start.rules.grpc,
-        deadline: start.deadline.map(Instant::from_std),
-        route: start.route,
-    };
+    let first = sending(|| inner.call(first));
+    // Boxed only where it may have to be let finish.
+    let paced = shared.policies.stream_resets().per_second().is_some();
+    let boxed = paced && start.may_stop_first();
+    let grpc = start.rules.grpc;
     let engine = Engine::new(
         start.rules,
         start.deadline,
-        body,
+        call.body_kind(),
         reader,
         start.first_sent_at,
     );
-    let state = driver::CallExtras::new(shared, call, engine, facts, span);
-    ResponseFuture::driven(driver::Driver::new(future, state, may_stop_first))
-}
-
-/// The thread's random generator, taken only when the engine draws a jitter.
-#[derive(Default)]
-struct LazyRng(Option<rand::rngs::ThreadRng>);
-
-impl rand::RngCore for LazyRng {
-    fn next_u32(&mut self) -> u32 {
-        self.0.get_or_insert_with(rand::rng).next_u32()
-    }
-
-    fn next_u64(&mut self) -> u64 {
-        self.0.get_or_insert_with(rand::rng).next_u64()
-    }
-
-    fn fill_bytes(&mut self, dest: &mut [u8]) {
-        self.0.get_or_insert_with(rand::rng).fill_bytes(dest)
-    }
+    let io = LayerIo {
+        shared,
+        call,
+        grpc,
+        deadline: start.deadline.map(Instant::from_std),
+        route: start.route,
+        service: None,
+    };
+    ResponseFuture::driven(Drive::new(first, boxed, engine, span, io))
 }
 
 /// What the calls of one layer share: a spare clone of the inner service and the policy
