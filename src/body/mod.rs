@@ -219,6 +219,8 @@ struct SourceState<B> {
     /// The call committed when the record held the whole body: every reader may still send
     /// it, and the record is kept until the last reader is dropped.
     kept: bool,
+    /// Empty data frames are recorded too (see [`ReplayBody::records_empty_frames`]).
+    records_empty: bool,
     /// The reader the call is committed to, once it is.
     commit: Option<Commit>,
     /// Where each live reader is in the record.
@@ -385,6 +387,7 @@ where
                 end,
                 unrecorded: false,
                 kept: false,
+                records_empty: false,
                 commit: None,
                 positions,
                 next_id: 1,
@@ -400,6 +403,14 @@ where
 }
 
 impl<B> ReplayBody<B> {
+    /// Records empty data frames too, for a source whose every frame is a message (the
+    /// `grpc` interceptor's): an empty message is a message, which a replay must send.
+    #[cfg(feature = "grpc")]
+    pub(crate) fn records_empty_frames(self) -> Self {
+        self.shared.lock().records_empty = true;
+        self
+    }
+
     /// Whether the call is committed, so that no new attempt may start: a limit was crossed,
     /// the source failed, or [`commit`](Self::commit) was called.
     pub fn is_committed(&self) -> bool {

@@ -144,7 +144,7 @@ where
         // Zero-copy when `data` is `Bytes`: a reference-count bump.
         let chunk = data.copy_to_bytes(len);
         cursor.sent(&chunk);
-        if chunk.is_empty() {
+        if chunk.is_empty() && !self.records_empty {
             return Poll::Ready(Some(Ok(Frame::data(chunk))));
         }
         if self.commit.is_some() {

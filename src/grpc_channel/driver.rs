@@ -21,7 +21,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use super::Handles;
-use super::message::{Messages, Unframe};
+use super::message::Messages;
 use crate::body::ReplayBody;
 use crate::classify::{AttemptResult, Code};
 use crate::drive::{Attempts, Drive, Ended, Io};
@@ -427,8 +427,6 @@ impl std::error::Error for StreamBroke {}
 /// sent so far, then the rest as it comes. Ends the attempt's request stream (by dropping
 /// it) when the application ends its own.
 async fn send_messages<S: SendStream>(mut send: S, mut reader: ReplayBody<Messages>) {
-    let mut unframe = Unframe::default();
-    let mut messages = Vec::new();
     while let Some(frame) = reader.frame().await {
         let Ok(frame) = frame else {
             // The call committed to another attempt, which alone sends on. Ending this
@@ -436,18 +434,15 @@ async fn send_messages<S: SendStream>(mut send: S, mut reader: ReplayBody<Messag
             // call drops this attempt (and aborts this task).
             return std::future::pending::<()>().await;
         };
-        let Ok(chunk) = frame.into_data() else {
+        let Ok(message) = frame.into_data() else {
             continue;
         };
-        unframe.push(chunk, &mut messages);
-        for message in messages.drain(..) {
-            if send
-                .send(&Encoded(message), SendOptions::default())
-                .await
-                .is_err()
-            {
-                return;
-            }
+        if send
+            .send(&Encoded(message), SendOptions::default())
+            .await
+            .is_err()
+        {
+            return;
         }
     }
 }

@@ -99,16 +99,15 @@ use http::{HeaderMap, Method};
 use tokio::sync::{mpsc, oneshot};
 
 use self::driver::{AbortOnDrop, Answer};
-use self::message::{Messages, frame};
+use self::message::Messages;
 use crate::body::ReplayBody;
 use crate::engine::{self, CallFacts, Entrance, Start};
 use crate::policy::{Policies, ThrottleHandle};
 use crate::throttle::Padded;
 
-/// How many chunks wait between the application's sends and the attempts (a message is two:
-/// its length prefix and its bytes): a send returns once its message is queued, and waits
-/// while the queue is full.
-const QUEUED_CHUNKS: usize = 8;
+/// How many messages wait between the application's sends and the attempts: a send returns
+/// once its message is queued, and waits while the queue is full.
+const QUEUED_MESSAGES: usize = 4;
 
 /// gRFC A6 on a `grpc` channel: an interceptor that drives every call by its method's policy
 /// in a [`Policies`] table (built in code, or from service config). See the
@@ -203,10 +202,10 @@ where
                 RetryRecv(RecvState::Direct(recv)),
             );
         };
-        let (sender, receiver) = mpsc::channel(QUEUED_CHUNKS);
+        let (sender, receiver) = mpsc::channel(QUEUED_MESSAGES);
         let limits = self.handles.policies.buffer_limits();
         let body = match ReplayBody::try_new_unpin(Messages::new(receiver), limits) {
-            Ok(body) => body,
+            Ok(body) => body.records_empty_frames(),
             // Only a body whose size hint is over the limits is refused, and a message
             // stream's hint is 0; were it refused, the call would still go, once.
             Err(_) => {
@@ -316,21 +315,16 @@ impl<S: SendStream + Send> SendStream for RetrySend<S> {
         let Ok(mut encoded) = msg.encode() else {
             return Err(());
         };
-        let message = encoded.copy_to_bytes(encoded.remaining());
-        let Some(chunks) = frame(message) else {
-            // Over 4 GiB: gRPC's own framing cannot carry it either.
+        if u32::try_from(encoded.remaining()).is_err() {
+            // Over 4 GiB: gRPC's own framing cannot carry it.
             return Err(());
-        };
-        // Room for every chunk of the message first, so that a send dropped half-way (a
-        // `select!`, a timeout) queues none of it rather than a prefix without its bytes.
-        let Ok(permits) = queue.reserve_many(chunks.len()).await else {
+        }
+        let message = encoded.copy_to_bytes(encoded.remaining());
+        let Ok(()) = queue.send(message).await else {
             // The call is over: no attempt reads messages any more.
             *sender = None;
             return Err(());
         };
-        for (permit, chunk) in permits.zip(chunks) {
-            permit.send(chunk);
-        }
         if options.final_msg {
             *sender = None;
         }
