@@ -284,32 +284,86 @@ pub(crate) enum Guard {
 /// How deep [`Guard::of`] walks an error's `source()` chain.
 const MAX_SOURCE_DEPTH: usize = 32;
 
+/// The debug data of the `GOAWAY` with which `h2`'s guard against frames on streams it reset
+/// and forgot closes a connection, on either side (`proto/streams/streams.rs`).
+const LOCAL_ERROR_RESETS: &str = "too_many_internal_resets";
+
+/// The debug data of the `GOAWAY` with which an `h2` server's guard against streams reset
+/// before it accepted them closes a connection (`proto/streams/recv.rs`).
+const PENDING_ACCEPT_RESETS: &str = "too_many_resets";
+
+/// What an error that carries only the text of an `h2::Error` is known by: the description of
+/// `ENHANCE_YOUR_CALM` ("detected excessive load generating behavior"), and whose `GOAWAY`
+/// it was (`h2`'s `Display` of a `GOAWAY` it sent itself, and of one it received).
+const CALM: &str = "excessive load";
+const LIBRARY_GOAWAY: &str = "connection error detected";
+const REMOTE_GOAWAY: &str = "connection error received";
+
 impl Guard {
-    /// The guard that closed the connection `error` came from, if one did. `h2` names it in
-    /// its `GOAWAY`'s debug data, and says whose `GOAWAY` it was, in its errors' `Display`:
-    /// `connection error detected: … (b"too_many_internal_resets")` for the client's own,
-    /// `connection error received: …` for the server's, the reason being
-    /// `ENHANCE_YOUR_CALM` ("detected excessive load generating behavior"). A server's
-    /// `GOAWAY` is taken at its word.
+    /// The guard that closed the connection `error` came from, if one did, anywhere in its
+    /// `source()` chain. Each guard closes the connection with a `GOAWAY` of reason
+    /// `ENHANCE_YOUR_CALM` and names itself in the debug data; a server's `GOAWAY` is taken at
+    /// its word. An `h2::Error` (with the `h2` feature) is read by its type (see
+    /// `Guard::of_h2`); any other error, by its text ([`Guard::of_text`]).
     pub(crate) fn of(error: &(dyn std::error::Error + 'static)) -> Option<Guard> {
-        let chain = std::iter::successors(Some(error), |e| e.source()).take(MAX_SOURCE_DEPTH);
-        for error in chain {
-            let text = error.to_string();
-            if !text.contains("excessive load") {
-                continue;
-            }
-            let internal = text.contains("too_many_internal_resets");
-            let pending = text.contains("too_many_resets");
-            if text.contains("connection error detected") && internal {
-                return Some(Guard::Client);
-            }
-            if text.contains("connection error received") {
-                if pending {
-                    return Some(Guard::ServerPendingAccept);
+        std::iter::successors(Some(error), |e| e.source())
+            .take(MAX_SOURCE_DEPTH)
+            .find_map(|error| {
+                #[cfg(feature = "h2")]
+                if let Some(error) = error.downcast_ref::<h2::Error>() {
+                    return Guard::of_h2(error);
                 }
-                if internal {
-                    return Some(Guard::ServerLocalErrors);
-                }
+                Guard::of_text(&error.to_string())
+            })
+    }
+
+    /// The guard an `h2` error says closed its connection: a `GOAWAY` with
+    /// `ENHANCE_YOUR_CALM`, sent by `h2` itself (the client's guard) or by the server. `h2`
+    /// has more such `GOAWAY`s of its own (`too_many_continuations`, `too_many_data_frames`,
+    /// `header_list_way_too_large`), and a server's two guards send the same reason: only the
+    /// debug data tells them apart, and `h2` gives it only in its `Display`, after the reason
+    /// (` (b"too_many_resets")`). The unit tests pin these names against the errors of real
+    /// `h2` connections.
+    #[cfg(feature = "h2")]
+    fn of_h2(error: &h2::Error) -> Option<Guard> {
+        if !error.is_go_away() || error.reason() != Some(h2::Reason::ENHANCE_YOUR_CALM) {
+            return None;
+        }
+        let text = error.to_string();
+        let names = |debug_data: &str| text.contains(debug_data);
+        if error.is_library() {
+            return names(LOCAL_ERROR_RESETS).then_some(Guard::Client);
+        }
+        if error.is_remote() {
+            if names(PENDING_ACCEPT_RESETS) {
+                return Some(Guard::ServerPendingAccept);
+            }
+            if names(LOCAL_ERROR_RESETS) {
+                return Some(Guard::ServerLocalErrors);
+            }
+        }
+        None
+    }
+
+    /// The guard an error that is no `h2::Error` names in its text, as `h2` displays its
+    /// errors: `connection error detected: … (b"too_many_internal_resets")` for the client's
+    /// own, `connection error received: …` for the server's, the reason being
+    /// `ENHANCE_YOUR_CALM`. That is all there is to go by without the `h2` feature, with an
+    /// `h2` other than the crate's, or where a wrapper kept only the text.
+    fn of_text(text: &str) -> Option<Guard> {
+        if !text.contains(CALM) {
+            return None;
+        }
+        let local_errors = text.contains(LOCAL_ERROR_RESETS);
+        if text.contains(LIBRARY_GOAWAY) && local_errors {
+            return Some(Guard::Client);
+        }
+        if text.contains(REMOTE_GOAWAY) {
+            if text.contains(PENDING_ACCEPT_RESETS) {
+                return Some(Guard::ServerPendingAccept);
+            }
+            if local_errors {
+                return Some(Guard::ServerLocalErrors);
             }
         }
         None
@@ -317,8 +371,8 @@ impl Guard {
 
     fn name(self) -> &'static str {
         match self {
-            Guard::Client | Guard::ServerLocalErrors => "too_many_internal_resets",
-            Guard::ServerPendingAccept => "too_many_resets",
+            Guard::Client | Guard::ServerLocalErrors => LOCAL_ERROR_RESETS,
+            Guard::ServerPendingAccept => PENDING_ACCEPT_RESETS,
         }
     }
 
@@ -600,7 +654,8 @@ mod tests {
 
     #[test]
     fn the_guards_are_known_by_the_goaway_debug_data_anywhere_in_the_chain() {
-        // As `h2::Error` displays them (h2 0.4).
+        // Errors that carry only the text of an `h2::Error`, as h2 0.4 displays them (pinned
+        // against real connections in `h2_tests`).
         const LOCAL: &str = "connection error detected: detected excessive load generating \
                              behavior";
         const REMOTE: &str = "connection error received: detected excessive load generating \
@@ -628,5 +683,198 @@ mod tests {
         assert_eq!(guard(LOCAL.into()), None);
         assert_eq!(guard(format!("{LOCAL}{pending}")), None);
         assert_eq!(guard("application said too_many_resets".into()), None);
+    }
+}
+
+/// The errors of real `h2` connections whose guards trip, over an in-memory pipe: what
+/// [`Guard::of`] reads in them, and the names it looks for in their debug data, are pinned
+/// against `h2` itself.
+#[cfg(all(test, feature = "h2"))]
+mod h2_tests {
+    use std::error::Error;
+    use std::future::Future;
+    use std::time::Duration;
+
+    use bytes::Bytes;
+    use h2::client::SendRequest;
+    use tokio::io::DuplexStream;
+    use tokio::task::JoinHandle;
+
+    use super::Guard;
+
+    /// Fails a test whose guard never trips instead of hanging it.
+    async fn within<T>(future: impl Future<Output = T>) -> T {
+        tokio::time::timeout(Duration::from_secs(10), future)
+            .await
+            .expect("no progress within 10 s")
+    }
+
+    fn get() -> http::Request<()> {
+        http::Request::get("http://peer/").body(()).unwrap()
+    }
+
+    /// Lets the tasks of the test's one thread (the client's connection) run until they wait.
+    async fn let_run() {
+        for _ in 0..16 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    type Connection = JoinHandle<Result<(), h2::Error>>;
+
+    /// A client on one end of a pipe, and its connection running on a task of its own.
+    async fn client(
+        builder: &h2::client::Builder,
+        io: DuplexStream,
+    ) -> (SendRequest<Bytes>, Connection) {
+        let (send, connection) = builder.handshake(io).await.unwrap();
+        (send, tokio::spawn(connection))
+    }
+
+    /// What a call fails with once the client's connection closed: the error `h2` keeps for
+    /// every call on it. (The connection's own result is the IO error that followed, or the
+    /// `GOAWAY` without its debug data.)
+    async fn closed(send: SendRequest<Bytes>, connection: Connection) -> h2::Error {
+        let _ = within(connection).await.unwrap();
+        within(send.ready())
+            .await
+            .expect_err("the connection is closed")
+    }
+
+    /// An error as hyper and tonic's transport wrap `h2`'s.
+    #[derive(Debug)]
+    struct Transport(h2::Error);
+
+    impl std::fmt::Display for Transport {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("http2 error")
+        }
+    }
+
+    impl Error for Transport {
+        fn source(&self) -> Option<&(dyn Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    /// `error` is a `GOAWAY` with `ENHANCE_YOUR_CALM` and `debug_data` that `h2` sent itself
+    /// (`library`) or received, which [`Guard::of`] takes for `guard`: by its type, wrapped as
+    /// a transport wraps it, and by its text alone.
+    fn assert_goaway(error: h2::Error, library: bool, debug_data: &str, guard: Option<Guard>) {
+        assert!(error.is_go_away(), "{error}");
+        assert_eq!(
+            error.reason(),
+            Some(h2::Reason::ENHANCE_YOUR_CALM),
+            "{error}"
+        );
+        assert_eq!(
+            (error.is_library(), error.is_remote()),
+            (library, !library),
+            "{error}"
+        );
+        // The debug data is in the text only; this is the name `Guard::of_h2` looks for.
+        let text = error.to_string();
+        assert!(text.ends_with(&format!(r#" (b"{debug_data}")"#)), "{text}");
+        assert_eq!(Guard::of(&error), guard, "{text}");
+        assert_eq!(Guard::of(&Transport(error)), guard, "{text}");
+        assert_eq!(Guard::of_text(&text), guard, "{text}");
+    }
+
+    #[tokio::test]
+    async fn the_clients_guard_is_a_goaway_of_its_own_naming_too_many_internal_resets() {
+        let (client_io, server_io) = tokio::io::duplex(1 << 16);
+        // A server whose answer has more body than its content-length says: the client resets
+        // the stream itself, which counts as a frame on a stream it forgot does; it may reset
+        // none.
+        let server = tokio::spawn(async move {
+            let mut connection = h2::server::handshake(server_io).await?;
+            while let Some((_, mut respond)) = connection.accept().await.transpose()? {
+                let response = http::Response::builder().header("content-length", "0");
+                let mut body = respond.send_response(response.body(()).unwrap(), false)?;
+                body.send_data(Bytes::from_static(b"x"), true)?;
+            }
+            Ok::<_, h2::Error>(())
+        });
+        let mut builder = h2::client::Builder::new();
+        builder.max_local_error_reset_streams(Some(0));
+        let (send, connection) = client(&builder, client_io).await;
+        let (response, _) = send.clone().send_request(get(), true).unwrap();
+        let _ = within(response).await;
+        let error = closed(send, connection).await;
+        assert_goaway(error, true, "too_many_internal_resets", Some(Guard::Client));
+        let _ = within(server).await;
+    }
+
+    #[tokio::test]
+    async fn the_servers_pending_accept_guard_is_a_goaway_naming_too_many_resets() {
+        let (client_io, server_io) = tokio::io::duplex(1 << 16);
+        let (mut send, connection) = client(&h2::client::Builder::new(), client_io).await;
+        // A stream sent and reset before the server reads either: it finds the stream reset
+        // before it accepted it, and allows none.
+        let (response, _) = send.send_request(get(), true).unwrap();
+        let_run().await;
+        drop(response);
+        let_run().await;
+        let server = tokio::spawn(async move {
+            let mut connection = h2::server::Builder::new()
+                .max_pending_accept_reset_streams(0)
+                .handshake::<_, Bytes>(server_io)
+                .await?;
+            while connection.accept().await.transpose()?.is_some() {}
+            Ok::<_, h2::Error>(())
+        });
+        let error = closed(send, connection).await;
+        let guard = Some(Guard::ServerPendingAccept);
+        assert_goaway(error, false, "too_many_resets", guard);
+        let _ = within(server).await;
+    }
+
+    #[tokio::test]
+    async fn the_servers_local_error_guard_is_a_goaway_naming_too_many_internal_resets() {
+        let (client_io, server_io) = tokio::io::duplex(1 << 16);
+        let (mut send, connection) = client(&h2::client::Builder::new(), client_io).await;
+        // Two streams sent before the server's settings reach the client: the server refuses
+        // the one past its limit of one, a reset that counts as one on a stream it forgot; it
+        // may reset none.
+        let responses = [(); 2].map(|()| send.send_request(get(), true).unwrap().0);
+        let_run().await;
+        let server = tokio::spawn(async move {
+            let mut connection = h2::server::Builder::new()
+                .max_concurrent_streams(1)
+                .max_local_error_reset_streams(Some(0))
+                .handshake::<_, Bytes>(server_io)
+                .await?;
+            while connection.accept().await.transpose()?.is_some() {}
+            Ok::<_, h2::Error>(())
+        });
+        let error = closed(send, connection).await;
+        let guard = Some(Guard::ServerLocalErrors);
+        assert_goaway(error, false, "too_many_internal_resets", guard);
+        drop(responses);
+        let _ = within(server).await;
+    }
+
+    #[tokio::test]
+    async fn h2s_other_goaways_with_enhance_your_calm_are_no_reset_guard() {
+        let (client_io, server_io) = tokio::io::duplex(1 << 16);
+        // A server that answers with a small DATA frame, to a client that allows none.
+        let server = tokio::spawn(async move {
+            let mut connection = h2::server::handshake(server_io).await?;
+            let mut bodies = Vec::new();
+            while let Some((_, mut respond)) = connection.accept().await.transpose()? {
+                let mut body = respond.send_response(http::Response::new(()), false)?;
+                body.send_data(Bytes::from_static(b"x"), false)?;
+                bodies.push(body);
+            }
+            Ok::<_, h2::Error>(())
+        });
+        let mut builder = h2::client::Builder::new();
+        builder.data_frame_budget(0);
+        let (send, connection) = client(&builder, client_io).await;
+        let (response, _) = send.clone().send_request(get(), true).unwrap();
+        let _ = within(response).await;
+        let error = closed(send, connection).await;
+        assert_goaway(error, true, "too_many_data_frames", None);
+        let _ = within(server).await;
     }
 }
