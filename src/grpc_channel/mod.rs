@@ -7,9 +7,10 @@
 //! channel it wraps, as often as the method's policy says:
 //!
 //! - **Replay per message**, as A6 describes it. The messages the application sends are kept
-//!   encoded (as the `Bytes` the encoder gives, without a copy when it gives `Bytes`) within
-//!   the table's [`BufferLimits`]; each new attempt is
-//!   sent every message so far, byte for byte, then the rest as they come. A message that
+//!   encoded, one by one (as the `Bytes` the encoder gives, without a copy when it gives
+//!   `Bytes`; empty messages too), within the table's [`BufferLimits`], which count their
+//!   bytes; each new attempt is sent every message so far, byte for byte and as it was cut,
+//!   then the rest as they come. A message that
 //!   would take the call past a limit commits it to the attempt that sends it: the others
 //!   are cancelled and no new attempt starts.
 //! - **Commit on response headers**: the first attempt to answer with headers (or a status
