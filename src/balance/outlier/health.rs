@@ -12,13 +12,29 @@ use std::time::Duration;
 use http::{HeaderMap, StatusCode};
 use tokio::time::Instant;
 
-use crate::classify::{Code, GrpcCodes, header_status, is_grpc_content_type};
+use crate::classify::{
+    AttemptResult, Classify, Code, GrpcCodes, HttpStatuses, Outcome, header_status,
+    is_grpc_content_type,
+};
 
 /// How an attempt's answer counts for its backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Score {
     Success,
     Failure,
+}
+
+impl Score {
+    /// How the crate's classification of an answer counts for the backend that gave it: a
+    /// failure in the classifier's set (retryable), or an attempt that never reached the
+    /// backend's application (not sent, refused), is the backend's failure; a success, or a
+    /// fatal answer (which speaks of the request, not of the backend), is not.
+    fn of(outcome: Outcome) -> Score {
+        match outcome {
+            Outcome::Success | Outcome::Fatal(_) => Score::Success,
+            Outcome::Retryable(_) | Outcome::NotSent | Outcome::Refused => Score::Failure,
+        }
+    }
 }
 
 /// What a response's head says, before its body is read.
@@ -31,40 +47,66 @@ pub(crate) enum HeadScore {
     Trailers,
 }
 
-/// Classifies a response head as the layers classify attempts: the gRPC status in the headers
-/// (a Trailers-Only response) is a failure when `failure_codes` holds it; without one, an
-/// HTTP 5xx or 429 is a failure, a gRPC response (gRPC content type, status 200) waits for
-/// its trailers, and anything else is a success.
-pub(crate) fn classify_head(
-    status: StatusCode,
-    headers: &HeaderMap,
-    failure_codes: GrpcCodes,
-) -> HeadScore {
-    if let Some(code) = header_status(headers) {
-        return HeadScore::Settled(verdict(code, failure_codes));
-    }
-    if status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS {
-        return HeadScore::Settled(Score::Failure);
-    }
-    let grpc = is_grpc_content_type(headers.get(http::header::CONTENT_TYPE));
-    if grpc && status == StatusCode::OK {
-        HeadScore::Trailers
-    } else {
-        HeadScore::Settled(Score::Success)
-    }
+/// The crate's classifiers, as the balancer reads its backends' answers with them: the gRPC
+/// classifier ([`GrpcCodes`]) over the failure codes for gRPC answers and errors, and the
+/// HTTP classifier ([`HttpStatuses`]) over 5xx and 429 for answers that are not gRPC.
+#[derive(Debug, Clone)]
+pub(crate) struct Failures {
+    grpc: GrpcCodes,
+    http: HttpStatuses,
 }
 
-/// Classifies the trailers of a gRPC response: its `grpc-status`; none counts as a success
-/// (nothing says the backend failed).
-pub(crate) fn classify_trailers(trailers: &HeaderMap, failure_codes: GrpcCodes) -> Score {
-    header_status(trailers).map_or(Score::Success, |code| verdict(code, failure_codes))
-}
+impl Failures {
+    pub(crate) fn new(codes: GrpcCodes) -> Failures {
+        let server_errors = (500..600).filter_map(|code| StatusCode::from_u16(code).ok());
+        let http = server_errors
+            .chain([StatusCode::TOO_MANY_REQUESTS])
+            .fold(HttpStatuses::none(), HttpStatuses::with);
+        Failures { grpc: codes, http }
+    }
 
-fn verdict(code: Code, failure_codes: GrpcCodes) -> Score {
-    if failure_codes.contains(code) {
-        Score::Failure
-    } else {
-        Score::Success
+    /// Classifies a response head: a gRPC answer (a `grpc-status` in the headers, or a gRPC
+    /// content type) with the gRPC classifier, which reads the status of a Trailers-Only
+    /// response, or the gRPC mapping of a non-200 one; a gRPC response that has begun (status
+    /// 200, no `grpc-status`) waits for its trailers; any other answer with the HTTP
+    /// classifier.
+    pub(crate) fn head(&self, status: StatusCode, headers: &HeaderMap) -> HeadScore {
+        let result = AttemptResult::Response { status, headers };
+        if header_status(headers).is_none() {
+            if !is_grpc_content_type(headers.get(http::header::CONTENT_TYPE)) {
+                return HeadScore::Settled(Score::of(self.http.classify(result)));
+            }
+            if status == StatusCode::OK {
+                return HeadScore::Trailers;
+            }
+        }
+        HeadScore::Settled(Score::of(self.grpc.classify(result)))
+    }
+
+    /// Classifies the trailers of a gRPC response as the gRPC classifier reads a
+    /// Trailers-Only response: none counts as a success (nothing says the backend failed).
+    pub(crate) fn trailers(&self, trailers: &HeaderMap) -> Score {
+        let result = AttemptResult::Response {
+            status: StatusCode::OK,
+            headers: trailers,
+        };
+        Score::of(self.grpc.classify(result))
+    }
+
+    /// Classifies an error of the endpoint's service with the gRPC classifier: not sent or
+    /// refused, or else `UNAVAILABLE`.
+    pub(crate) fn error(&self, error: &(dyn std::error::Error + Send + Sync + 'static)) -> Score {
+        Score::of(self.grpc.classify(AttemptResult::Error(error)))
+    }
+
+    /// Classifies a body that broke off before its trailers: `UNAVAILABLE`, as the gRPC
+    /// classifier reads an error that proves nothing more.
+    pub(crate) fn broken_body(&self) -> Score {
+        let result = AttemptResult::Status {
+            code: Code::Unavailable,
+            pushback: None,
+        };
+        Score::of(self.grpc.classify(result))
     }
 }
 
@@ -78,8 +120,8 @@ pub(crate) struct HealthRules {
     consecutive_failures: Option<u32>,
     /// The half-life of recent failures and successes, in seconds.
     half_life_secs: f64,
-    /// The gRPC codes that count as failures.
-    pub(crate) failure_codes: GrpcCodes,
+    /// How answers are classified.
+    pub(crate) failures: Failures,
 }
 
 impl HealthRules {
@@ -92,7 +134,7 @@ impl HealthRules {
             tripped: AtomicBool::new(false),
             consecutive_failures,
             half_life_secs: half_life.as_secs_f64(),
-            failure_codes,
+            failures: Failures::new(failure_codes),
         }
     }
 
@@ -179,8 +221,9 @@ impl Health {
         self.stats.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    pub(crate) fn failure_codes(&self) -> GrpcCodes {
-        self.shared.failure_codes
+    /// How this backend's answers are classified.
+    pub(crate) fn failures(&self) -> &Failures {
+        &self.shared.failures
     }
 
     /// Records an attempt's answer, at tokio's `now`.
@@ -319,67 +362,71 @@ mod tests {
     }
 
     #[test]
-    fn heads_are_classified_as_the_layers_classify_attempts() {
-        let codes = GrpcCodes::from([Code::Unavailable]);
+    fn answers_are_classified_as_the_layers_classify_attempts() {
+        let failures = Failures::new(GrpcCodes::from([Code::Unavailable]));
         let grpc = ("content-type", "application/grpc");
         let head = |status: u16, pairs: &[(&'static str, &'static str)]| {
-            classify_head(
-                StatusCode::from_u16(status).unwrap(),
-                &headers(pairs),
-                codes,
-            )
+            failures.head(StatusCode::from_u16(status).unwrap(), &headers(pairs))
         };
-        // Trailers-Only: the status in the headers decides.
-        assert_eq!(
-            head(200, &[grpc, ("grpc-status", "14")]),
-            HeadScore::Settled(Score::Failure)
-        );
-        assert_eq!(
-            head(200, &[grpc, ("grpc-status", "5")]),
-            HeadScore::Settled(Score::Success)
-        );
-        assert_eq!(
-            head(200, &[grpc, ("grpc-status", "0")]),
-            HeadScore::Settled(Score::Success)
-        );
+        let failed = HeadScore::Settled(Score::Failure);
+        let succeeded = HeadScore::Settled(Score::Success);
+        // Trailers-Only: the status in the headers decides, by the failure codes.
+        assert_eq!(head(200, &[grpc, ("grpc-status", "14")]), failed);
+        assert_eq!(head(200, &[grpc, ("grpc-status", "5")]), succeeded);
+        assert_eq!(head(200, &[grpc, ("grpc-status", "0")]), succeeded);
+        assert_eq!(head(200, &[("grpc-status", "14")]), failed);
         // A begun gRPC response waits for its trailers.
         assert_eq!(head(200, &[grpc]), HeadScore::Trailers);
         assert_eq!(
             head(200, &[("content-type", "application/grpc+proto")]),
             HeadScore::Trailers
         );
+        // A gRPC response of another HTTP status: gRPC's mapping (503 is UNAVAILABLE, 500
+        // UNKNOWN, 404 UNIMPLEMENTED), by the failure codes.
+        assert_eq!(head(503, &[grpc]), failed);
+        assert_eq!(head(500, &[grpc]), succeeded);
+        assert_eq!(head(404, &[grpc]), succeeded);
+        let wider = Failures::new(GrpcCodes::from([Code::Unknown, Code::Unimplemented]));
+        let status = |status: u16| StatusCode::from_u16(status).unwrap();
+        assert_eq!(wider.head(status(500), &headers(&[grpc])), failed);
+        assert_eq!(wider.head(status(404), &headers(&[grpc])), failed);
         // The content type is tested as the layers test a request's: `application/grpc-web`
         // (whose status comes in the body) and look-alikes are not gRPC.
         assert_eq!(
             head(200, &[("content-type", "application/grpc-web")]),
-            HeadScore::Settled(Score::Success)
+            succeeded
         );
         assert_eq!(
             head(200, &[("content-type", "application/grpcx")]),
-            HeadScore::Settled(Score::Success)
+            succeeded
         );
-        // HTTP: 5xx and 429 fail, anything else succeeds.
-        assert_eq!(head(503, &[]), HeadScore::Settled(Score::Failure));
-        assert_eq!(head(500, &[grpc]), HeadScore::Settled(Score::Failure));
-        assert_eq!(head(429, &[]), HeadScore::Settled(Score::Failure));
-        assert_eq!(head(404, &[]), HeadScore::Settled(Score::Success));
-        assert_eq!(head(200, &[]), HeadScore::Settled(Score::Success));
+        // Not gRPC: 5xx and 429 fail, anything else succeeds.
+        assert_eq!(head(503, &[]), failed);
+        assert_eq!(head(500, &[]), failed);
+        assert_eq!(head(599, &[]), failed);
+        assert_eq!(head(429, &[]), failed);
+        assert_eq!(head(404, &[]), succeeded);
+        assert_eq!(head(200, &[]), succeeded);
         // The trailers of a begun response.
-        assert_eq!(
-            classify_trailers(&headers(&[("grpc-status", "14")]), codes),
-            Score::Failure
-        );
-        assert_eq!(
-            classify_trailers(&headers(&[("grpc-status", "0")]), codes),
-            Score::Success
-        );
-        assert_eq!(classify_trailers(&HeaderMap::new(), codes), Score::Success);
+        let trailers = |pairs: &[(&'static str, &'static str)]| failures.trailers(&headers(pairs));
+        assert_eq!(trailers(&[("grpc-status", "14")]), Score::Failure);
+        assert_eq!(trailers(&[("grpc-status", "0")]), Score::Success);
+        assert_eq!(trailers(&[]), Score::Success);
         // An unparseable status is UNKNOWN.
-        let unknown = GrpcCodes::from([Code::Unknown]);
         assert_eq!(
-            classify_trailers(&headers(&[("grpc-status", "x")]), unknown),
+            wider.trailers(&headers(&[("grpc-status", "x")])),
             Score::Failure
         );
+        // Errors: a connection refused is not sent, and fails whatever the codes; any other
+        // error, and a broken body, is UNAVAILABLE.
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+        assert_eq!(failures.error(&refused), Score::Failure);
+        assert_eq!(wider.error(&refused), Score::Failure);
+        assert_eq!(failures.error(&reset), Score::Failure);
+        assert_eq!(wider.error(&reset), Score::Success);
+        assert_eq!(failures.broken_body(), Score::Failure);
+        assert_eq!(wider.broken_body(), Score::Success);
     }
 
     #[test]

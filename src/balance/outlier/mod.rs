@@ -411,11 +411,15 @@ impl OutlierDetectionBuilder {
         self
     }
 
-    /// The gRPC codes that count as a backend's failure (in a Trailers-Only response's
-    /// headers, or in the trailers). Unless set: `UNKNOWN`, `DEADLINE_EXCEEDED`,
-    /// `RESOURCE_EXHAUSTED`, `UNIMPLEMENTED`, `INTERNAL`, `UNAVAILABLE` and `DATA_LOSS`, the codes
-    /// whose HTTP mapping is a 5xx or 429. HTTP 5xx and 429
-    /// answers without a gRPC status, and errors of the backend's service, always count.
+    /// The gRPC codes that count as a backend's failure. The balancer reads each answer with
+    /// the crate's classifiers, as the layers read an attempt: a gRPC answer (a status in a
+    /// Trailers-Only response's headers or in the trailers, or gRPC's mapping of a non-200
+    /// gRPC response) with [`GrpcCodes`] over these codes, an error of the backend's service
+    /// as `UNAVAILABLE` (an attempt that was never sent or was refused always counts), and an
+    /// answer that is not gRPC with [`HttpStatuses`](crate::classify::HttpStatuses) over 5xx
+    /// and 429. Unless set: `UNKNOWN`, `DEADLINE_EXCEEDED`, `RESOURCE_EXHAUSTED`,
+    /// `UNIMPLEMENTED`, `INTERNAL`, `UNAVAILABLE` and `DATA_LOSS`, the codes whose HTTP mapping
+    /// is a 5xx or 429.
     pub fn failure_codes(mut self, codes: GrpcCodes) -> Self {
         self.config.failure_codes = codes;
         self
