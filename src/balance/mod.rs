@@ -397,7 +397,7 @@ where
 /// The ready endpoints, as the picker sees them.
 struct Ready<'a, K: Hash + Eq, S, Req> {
     endpoints: &'a ReadyCache<K, Endpoint<S>, Req>,
-    /// Whether some backend is ejected; the clock for the weights.
+    /// Whether some backend is ejected; the clock for the weights, if failures weigh the pick.
     any_ejected: bool,
     now: Option<Instant>,
 }
@@ -484,7 +484,11 @@ where
         let ready = Ready {
             endpoints: &self.endpoints,
             any_ejected: self.outliers.as_ref().is_some_and(Detector::any_ejected),
-            now: self.outliers.as_ref().map(Detector::now),
+            now: self
+                .outliers
+                .as_ref()
+                .filter(|detector| detector.weighs_failures())
+                .map(Detector::now),
         };
         let rng = &mut self.rng;
         let extensions = request.extensions();

@@ -220,6 +220,11 @@ impl Detector {
         self.now.unwrap_or_else(Instant::now)
     }
 
+    /// Whether recent failures weigh the pick.
+    pub(crate) fn weighs_failures(&self) -> bool {
+        self.config.weigh_failures
+    }
+
     pub(crate) fn any_ejected(&self) -> bool {
         self.ejected > 0
     }

@@ -87,6 +87,7 @@ pub struct OutlierDetection {
     pub(crate) failure_percentage: Option<FailurePercentageEjection>,
     pub(crate) consecutive_failures: Option<u32>,
     pub(crate) failure_half_life: Duration,
+    pub(crate) weigh_failures: bool,
     pub(crate) failure_codes: GrpcCodes,
     #[cfg(feature = "opentelemetry")]
     pub(crate) metrics: Option<OutlierMetrics>,
@@ -214,6 +215,7 @@ impl Default for OutlierDetection {
             }),
             consecutive_failures: Some(5),
             failure_half_life: Duration::from_secs(2),
+            weigh_failures: true,
             failure_codes: DEFAULT_FAILURE_CODES,
             #[cfg(feature = "opentelemetry")]
             metrics: None,
@@ -318,6 +320,11 @@ impl OutlierDetection {
         self.failure_half_life
     }
 
+    /// Whether recent failures weigh the choice between two backends.
+    pub fn weighs_failures(&self) -> bool {
+        self.weigh_failures
+    }
+
     /// The gRPC codes that count as failures.
     pub fn failure_codes(&self) -> GrpcCodes {
         self.failure_codes
@@ -411,6 +418,14 @@ impl OutlierDetectionBuilder {
         self
     }
 
+    /// Whether recent failures weigh the choice between two backends (on by default): with
+    /// `false`, the pick is power of two choices on load alone, among the backends in
+    /// rotation, and a backend back from an ejection gets its full share at once.
+    pub fn weigh_failures(mut self, weigh: bool) -> Self {
+        self.config.weigh_failures = weigh;
+        self
+    }
+
     /// The gRPC codes that count as a backend's failure. The balancer reads each answer with
     /// the crate's classifiers, as the layers read an attempt: a gRPC answer (a status in a
     /// Trailers-Only response's headers or in the trailers, or gRPC's mapping of a non-200
@@ -491,6 +506,7 @@ impl fmt::Debug for OutlierDetection {
             .field("failure_percentage", &self.failure_percentage)
             .field("consecutive_failures", &self.consecutive_failures)
             .field("failure_half_life", &self.failure_half_life)
+            .field("weigh_failures", &self.weigh_failures)
             .field("failure_codes", &self.failure_codes);
         #[cfg(feature = "opentelemetry")]
         debug.field("metrics", &self.metrics.is_some());
