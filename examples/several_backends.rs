@@ -322,12 +322,17 @@ impl Balancer {
         }
     }
 
-    /// A policy table that keeps the call's record for the balancers that use it.
-    fn policies(self) -> PoliciesBuilder {
-        Policies::builder().track_backends(matches!(
+    /// Whether calls keep their record of the backends tried over this balancer.
+    fn records(self) -> bool {
+        matches!(
             self,
             Balancer::OursRecordOnly | Balancer::Ours | Balancer::Ablated(_)
-        ))
+        )
+    }
+
+    /// A policy table that keeps the call's record for the balancers that use it.
+    fn policies(self) -> PoliciesBuilder {
+        Policies::builder().track_backends(self.records())
     }
 
     /// `layer` over this balancer.
@@ -422,9 +427,11 @@ fn hedge_layer(
     max_attempts: u32,
     scale: Scale,
 ) -> Result<HedgeLayer, BoxError> {
+    // A hedging policy keeps the record by default, whatever the table says.
     let policy = HedgePolicy::builder()
         .max_attempts(max_attempts)
         .delay(scale.clock(HEDGE_DELAY_MS))
+        .track_backends(balancer.records())
         .build()?;
     Ok(HedgeLayer::new(
         balancer.policies().service(SERVICE, policy).build(),
