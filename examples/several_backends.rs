@@ -26,6 +26,16 @@
 //!   throttle and with gRFC A6's example throttle `{10, 0.1}`. Printed: failed calls per
 //!   10 000, attempts per call, and the share of first attempts that reached `c`.
 //!
+//! With `--ablation` it runs instead what each piece of the outlier detection buys: backend
+//! `c` dead (UNAVAILABLE, under the retry run's layer, without and with the throttle), gone
+//! away (1 ms ± 20 % until 2.5 s, then every connection refused after 0.2 ms, the same
+//! layer), and slow (the hedge run's windows, a hedge after 2 ms, 2 attempts), each over the
+//! balancer with the record and: no outlier detection; (a) gRFC A50's algorithms as the
+//! defaults set them, alone; (b) with the run of consecutive failures that ejects at once (the
+//! defaults). Printed: failed calls, the
+//! attempts `c` answered badly (an error status, a refused connection, a slow answer), p99
+//! and p99.9 latency.
+//!
 //! As in `hedge_tail`, the paused clock runs 10 times faster than the model by default
 //! (`--scale 10`), so that tokio's whole-millisecond timers keep a 0.1 ms resolution; every
 //! figure is in model time.
@@ -41,7 +51,7 @@
 //!
 //! ```text
 //! cargo run --release --features balance --example several_backends -- \
-//!     [--hedge-calls N] [--retry-calls N] [--seed N] [--scale N]
+//!     [--ablation] [--hedge-calls N] [--retry-calls N] [--seed N] [--scale N]
 //! cargo run --release --features tonic-transport --example several_backends -- \
 //!     --loopback [--loopback-calls N] [--concurrency N] [--runs N]
 //! ```
@@ -109,6 +119,9 @@ enum Behaviour {
     },
     /// UNAVAILABLE after 0.2 ms.
     Dead,
+    /// 1 ms ± 20 % until `at`; from then on, a refused connection after 0.2 ms (the error
+    /// `ConnectionRefused`, which the crate's classifiers read as an attempt never sent).
+    GoneAt { at: Instant },
 }
 
 /// A simulated backend: a hand-written service that answers after a sleep, drawn from a
@@ -120,6 +133,8 @@ struct Backend {
     requests: Arc<AtomicU64>,
     /// Requests without `grpc-previous-rpc-attempts`: first attempts.
     first: Arc<AtomicU64>,
+    /// Requests answered badly: with an error status, a refused connection, or slowly.
+    bad: Arc<AtomicU64>,
     scale: Scale,
 }
 
@@ -130,6 +145,7 @@ impl Backend {
             rng: Arc::new(Mutex::new(SmallRng::seed_from_u64(seed))),
             requests: Arc::new(AtomicU64::new(0)),
             first: Arc::new(AtomicU64::new(0)),
+            bad: Arc::new(AtomicU64::new(0)),
             scale,
         }
     }
@@ -139,9 +155,10 @@ impl Backend {
         FAST_MS * rng.random_range(1.0 - FAST_JITTER..=1.0 + FAST_JITTER)
     }
 
-    /// The answer's latency in model milliseconds and its gRPC status.
-    fn answer(&self) -> (f64, u8) {
-        match &self.behaviour {
+    /// The answer's latency in model milliseconds and its gRPC status; `None` for a refused
+    /// connection.
+    fn answer(&self) -> (f64, Option<u8>) {
+        let (latency, status) = match &self.behaviour {
             Behaviour::Fast => (self.fast(), 0),
             Behaviour::SlowIn { windows, start } => {
                 let window = (self.scale.model_ms(start.elapsed()) / WINDOW_MS) as usize;
@@ -152,7 +169,10 @@ impl Backend {
                 }
             }
             Behaviour::Dead => (DEAD_MS, Code::Unavailable as u8),
-        }
+            Behaviour::GoneAt { at } if Instant::now() >= *at => return (DEAD_MS, None),
+            Behaviour::GoneAt { .. } => (self.fast(), 0),
+        };
+        (latency, Some(status))
     }
 }
 
@@ -171,10 +191,16 @@ impl Service<Req> for Backend {
             self.first.fetch_add(1, Ordering::Relaxed);
         }
         let (model_ms, status) = self.answer();
+        if status != Some(0) || model_ms >= SLOW_MS {
+            self.bad.fetch_add(1, Ordering::Relaxed);
+        }
         let latency = self.scale.clock(model_ms);
         Box::pin(async move {
             tokio::time::sleep(latency).await;
-            Ok(common::trailers_only(status))
+            match status {
+                Some(status) => Ok(common::trailers_only(status)),
+                None => Err(std::io::Error::from(std::io::ErrorKind::ConnectionRefused).into()),
+            }
         })
     }
 }
@@ -194,6 +220,50 @@ enum Balancer {
     OursNoRecord,
     OursRecordOnly,
     Ours,
+    /// Ours, with the record and this much of the outlier detection (the ablation).
+    Ablated(Detection),
+}
+
+/// How much of the balancer's outlier detection runs, piece by piece (the ablation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Detection {
+    /// None at all (`OutlierDetection::disabled()`).
+    Off,
+    /// gRFC A50's algorithms as the defaults set them (failure percentage 85 %, 3 hosts, 10
+    /// answers, each 1 s; success rate off), and nothing else.
+    A50,
+    /// And the run of 5 consecutive failures that ejects at once: the defaults.
+    A50Trip,
+}
+
+impl Detection {
+    const ALL: [Detection; 3] = [Detection::Off, Detection::A50, Detection::A50Trip];
+
+    fn name(self) -> &'static str {
+        match self {
+            Detection::Off => "none",
+            Detection::A50 => "(a) A50 alone",
+            Detection::A50Trip => "(b) (a) + consecutive-failure trip",
+        }
+    }
+
+    /// These settings in model time: the detection runs on the paused clock, `scale` times
+    /// faster.
+    fn settings(self, scale: Scale) -> OutlierDetection {
+        let defaults = OutlierDetection::default();
+        let builder = match self {
+            Detection::Off => return OutlierDetection::disabled(),
+            Detection::A50 => defaults.to_builder().consecutive_failures(None),
+            Detection::A50Trip => defaults.to_builder(),
+        };
+        let model = |duration: Duration| scale.clock(duration.as_secs_f64() * 1000.0);
+        builder
+            .interval(model(defaults.interval()))
+            .base_ejection_time(model(defaults.base_ejection_time()))
+            .max_ejection_time(model(defaults.max_ejection_time()))
+            .build()
+            .expect("the defaults, scaled, are valid")
+    }
 }
 
 impl Balancer {
@@ -203,25 +273,18 @@ impl Balancer {
             Balancer::OursNoRecord => "ours, no record",
             Balancer::OursRecordOnly => "ours, record only",
             Balancer::Ours => "ours",
+            Balancer::Ablated(detection) => detection.name(),
         }
     }
 
-    /// The outlier detection of this balancer: the defaults for `Ours`, in model time (the
-    /// detection runs on the paused clock, `scale` times faster), none for the others.
+    /// The outlier detection of this balancer: the defaults for `Ours`, the ablation's for
+    /// `Ablated`, in model time; none for the others.
     fn outlier_detection(self, scale: Scale) -> OutlierDetection {
-        if self != Balancer::Ours {
-            return OutlierDetection::disabled();
+        match self {
+            Balancer::Ours => Detection::A50Trip.settings(scale),
+            Balancer::Ablated(detection) => detection.settings(scale),
+            _ => OutlierDetection::disabled(),
         }
-        let defaults = OutlierDetection::default();
-        let model = |duration: Duration| scale.clock(duration.as_secs_f64() * 1000.0);
-        defaults
-            .to_builder()
-            .interval(model(defaults.interval()))
-            .base_ejection_time(model(defaults.base_ejection_time()))
-            .max_ejection_time(model(defaults.max_ejection_time()))
-            .failure_half_life(model(defaults.failure_half_life()))
-            .build()
-            .expect("the defaults, scaled, are valid")
     }
 
     /// The balancer over `backends`, behind a buffer (the layers clone their service).
@@ -240,7 +303,10 @@ impl Balancer {
                 );
                 BoxCloneService::new(Buffer::new(balance, BUFFER))
             }
-            Balancer::OursNoRecord | Balancer::OursRecordOnly | Balancer::Ours => {
+            Balancer::OursNoRecord
+            | Balancer::OursRecordOnly
+            | Balancer::Ours
+            | Balancer::Ablated(_) => {
                 let endpoints = backends
                     .iter()
                     .map(|b| PendingRequests::new(b.clone(), CompleteOnResponse::default()));
@@ -256,10 +322,17 @@ impl Balancer {
         }
     }
 
+    /// Whether calls keep their record of the backends tried over this balancer.
+    fn records(self) -> bool {
+        matches!(
+            self,
+            Balancer::OursRecordOnly | Balancer::Ours | Balancer::Ablated(_)
+        )
+    }
+
     /// A policy table that keeps the call's record for the balancers that use it.
     fn policies(self) -> PoliciesBuilder {
-        Policies::builder()
-            .track_backends(matches!(self, Balancer::OursRecordOnly | Balancer::Ours))
+        Policies::builder().track_backends(self.records())
     }
 
     /// `layer` over this balancer.
@@ -299,8 +372,12 @@ async fn run(
         let client = client.clone();
         tasks.push(tokio::spawn(async move {
             let started = Instant::now();
-            let response = client.oneshot(grpc_request()).await?;
-            Ok::<_, BoxError>((started.elapsed(), common::is_ok(&response)))
+            // An error (every attempt refused) is a failed call, as an error status is.
+            let ok = match client.oneshot(grpc_request()).await {
+                Ok(response) => common::is_ok(&response),
+                Err(_) => false,
+            };
+            Ok::<_, BoxError>((started.elapsed(), ok))
         }));
     }
     let mut outcome = Outcome {
@@ -332,15 +409,60 @@ fn requests(backends: &[Backend]) -> u64 {
 }
 
 /// The hedge run: one row per hedging set-up and balancer.
-async fn hedge_rows(calls: usize, seed: u64, scale: Scale) -> Result<Vec<Vec<String>>, BoxError> {
-    // Enough windows for the whole run and its last calls' hedges.
+/// The 10 ms windows in which backend `c` is slow, drawn once for `calls` calls and their
+/// last hedges.
+fn slow_windows(calls: usize, seed: u64) -> Arc<Vec<bool>> {
     let windows = (calls as f64 * ARRIVAL_MS / WINDOW_MS) as usize + 100;
     let mut rng = SmallRng::seed_from_u64(seed);
-    let slow: Arc<Vec<bool>> = Arc::new(
+    Arc::new(
         (0..windows)
             .map(|_| rng.random::<f64>() < SLOW_WINDOW_SHARE)
             .collect(),
-    );
+    )
+}
+
+/// The hedge layer of the hedge runs over `balancer`: a hedge after 2 ms, `max_attempts`.
+fn hedge_layer(
+    balancer: Balancer,
+    max_attempts: u32,
+    scale: Scale,
+) -> Result<HedgeLayer, BoxError> {
+    // A hedging policy keeps the record by default, whatever the table says.
+    let policy = HedgePolicy::builder()
+        .max_attempts(max_attempts)
+        .delay(scale.clock(HEDGE_DELAY_MS))
+        .track_backends(balancer.records())
+        .build()?;
+    Ok(HedgeLayer::new(
+        balancer.policies().service(SERVICE, policy).build(),
+    ))
+}
+
+/// The retry layer of the retry runs over `balancer`: 3 attempts, gRFC A6's example backoff,
+/// and its example throttle if `throttled`.
+fn retry_layer(
+    balancer: Balancer,
+    throttled: bool,
+    seed: u64,
+    scale: Scale,
+) -> Result<RetryLayer, BoxError> {
+    let backoff = Exponential::grpc(scale.clock(100.0), scale.clock(1000.0), 2.0)?;
+    let policy = RetryPolicy::builder()
+        .max_attempts(3)
+        .backoff(Seeded::new(backoff, seed))
+        .retryable(GrpcCodes::from([Code::Unavailable]))
+        .build()?;
+    let mut policies = balancer.policies().service(SERVICE, policy);
+    if throttled {
+        policies = policies.throttle(Throttle::new(10, 0.1)?);
+    }
+    Ok(RetryLayer::new(policies.build()))
+}
+
+async fn hedge_rows(calls: usize, seed: u64, scale: Scale) -> Result<Vec<Vec<String>>, BoxError> {
+    // Enough windows for the whole run and its last calls' hedges.
+    let slow = slow_windows(calls, seed);
+    let windows = slow.len();
     let slow_windows = slow.iter().filter(|&&s| s).count();
     let mut rows = Vec::new();
     for max_attempts in [1, 2, 3] {
@@ -354,11 +476,7 @@ async fn hedge_rows(calls: usize, seed: u64, scale: Scale) -> Result<Vec<Vec<Str
             let client = if max_attempts == 1 {
                 balancer.client(tower::layer::util::Identity::new(), &backends, seed, scale)
             } else {
-                let policy = HedgePolicy::builder()
-                    .max_attempts(max_attempts)
-                    .delay(scale.clock(HEDGE_DELAY_MS))
-                    .build()?;
-                let layer = HedgeLayer::new(balancer.policies().service(SERVICE, policy).build());
+                let layer = hedge_layer(balancer, max_attempts, scale)?;
                 balancer.client(layer, &backends, seed, scale)
             };
             let outcome = run(client, calls, scale).await?;
@@ -409,17 +527,7 @@ async fn retry_rows(calls: usize, seed: u64, scale: Scale) -> Result<Vec<Vec<Str
             Balancer::Ours,
         ] {
             let backends = backends(Behaviour::Dead, seed, scale);
-            let backoff = Exponential::grpc(scale.clock(100.0), scale.clock(1000.0), 2.0)?;
-            let policy = RetryPolicy::builder()
-                .max_attempts(3)
-                .backoff(Seeded::new(backoff, seed))
-                .retryable(GrpcCodes::from([Code::Unavailable]))
-                .build()?;
-            let mut policies = balancer.policies().service(SERVICE, policy);
-            if throttled {
-                policies = policies.throttle(Throttle::new(10, 0.1)?);
-            }
-            let layer = RetryLayer::new(policies.build());
+            let layer = retry_layer(balancer, throttled, seed, scale)?;
             let client = balancer.client(layer, &backends, seed, scale);
             let outcome = run(client, calls, scale).await?;
             let per_10k = outcome.failed as f64 * 10_000.0 / calls as f64;
@@ -440,10 +548,102 @@ async fn retry_rows(calls: usize, seed: u64, scale: Scale) -> Result<Vec<Vec<Str
     Ok(rows)
 }
 
+/// A backend that turns bad, as the ablation runs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Scenario {
+    /// `c` answers every attempt UNAVAILABLE; the retry layer.
+    Dead,
+    /// `c` is slow in 1 % of the windows; the hedge layer, 2 attempts.
+    Slow,
+    /// `c` refuses connections from `GONE_AT_MS` on; the retry layer.
+    GoneAway,
+}
+
+/// When backend `c` goes away in the `GoneAway` scenario, in model milliseconds.
+const GONE_AT_MS: f64 = 2_500.0;
+
+impl Scenario {
+    fn name(self) -> &'static str {
+        match self {
+            Scenario::Dead => "dead (UNAVAILABLE), retry",
+            Scenario::Slow => "slow (1 % of windows), hedge 2 ms",
+            Scenario::GoneAway => "goes away at 2.5 s (refused), retry",
+        }
+    }
+}
+
+/// The ablation: each scenario under each share of the outlier detection, with the record.
+async fn ablation_rows(
+    retry_calls: usize,
+    hedge_calls: usize,
+    seed: u64,
+    scale: Scale,
+) -> Result<Vec<Vec<String>>, BoxError> {
+    let mut rows = Vec::new();
+    let runs = [
+        (Scenario::Dead, false),
+        (Scenario::Dead, true),
+        (Scenario::GoneAway, false),
+        (Scenario::GoneAway, true),
+        (Scenario::Slow, false),
+    ];
+    for (scenario, throttled) in runs {
+        for detection in Detection::ALL {
+            let balancer = Balancer::Ablated(detection);
+            let start = Instant::now();
+            let (c, calls) = match scenario {
+                Scenario::Dead => (Behaviour::Dead, retry_calls),
+                Scenario::GoneAway => (
+                    Behaviour::GoneAt {
+                        at: start + scale.clock(GONE_AT_MS),
+                    },
+                    retry_calls,
+                ),
+                Scenario::Slow => (
+                    Behaviour::SlowIn {
+                        windows: slow_windows(hedge_calls, seed),
+                        start,
+                    },
+                    hedge_calls,
+                ),
+            };
+            let backends = backends(c, seed, scale);
+            let client = match scenario {
+                Scenario::Slow => {
+                    balancer.client(hedge_layer(balancer, 2, scale)?, &backends, seed, scale)
+                }
+                Scenario::Dead | Scenario::GoneAway => {
+                    let layer = retry_layer(balancer, throttled, seed, scale)?;
+                    balancer.client(layer, &backends, seed, scale)
+                }
+            };
+            let outcome = run(client, calls, scale).await?;
+            let mut sorted = outcome.latencies_ms;
+            sorted.sort_by(f64::total_cmp);
+            rows.push(vec![
+                scenario.name().to_string(),
+                if throttled { "{10, 0.1}" } else { "none" }.to_string(),
+                detection.name().to_string(),
+                format!("{} of {calls}", outcome.failed),
+                backends[2].bad.load(Ordering::Relaxed).to_string(),
+                format!("{:.2}", quantile(&sorted, 0.99)),
+                format!("{:.2}", quantile(&sorted, 0.999)),
+            ]);
+        }
+    }
+    println!(
+        "ablation: calls at 1/ms over 3 backends, c the bad one, with the record; retry runs \
+         {retry_calls} calls (maxAttempts 3), the hedge run {hedge_calls}; seed {seed}, clock \
+         scale {}; latencies in ms",
+        scale.0
+    );
+    Ok(rows)
+}
+
 fn main() -> Result<(), BoxError> {
     let mut cli = Cli::new(
         "several_backends",
-        "[--hedge-calls N] [--retry-calls N] [--seed N] [--scale N] \
+        "[--ablation] [--hedge-calls N] [--retry-calls N] [--seed N] [--scale N] \
          | --loopback [--loopback-calls N] [--concurrency N] [--runs N]",
     );
     if cli.flag("--loopback") {
@@ -456,6 +656,7 @@ fn main() -> Result<(), BoxError> {
         cli.finish();
         return loopback::main(calls, concurrency, runs);
     }
+    let ablation = cli.flag("--ablation");
     let hedge_calls: usize = cli.value("--hedge-calls", 100_000);
     let retry_calls: usize = cli.value("--retry-calls", 10_000);
     let seed: u64 = cli.value("--seed", 1);
@@ -466,6 +667,22 @@ fn main() -> Result<(), BoxError> {
     cli.finish();
     let scale = Scale(scale);
     let runtime = paused_runtime()?;
+    if ablation {
+        let rows = runtime.block_on(ablation_rows(retry_calls, hedge_calls, seed, scale))?;
+        print_table(
+            &[
+                "scenario",
+                "throttle",
+                "outlier detection",
+                "failed calls",
+                "bad attempts on c",
+                "p99",
+                "p99.9",
+            ],
+            &rows,
+        );
+        return Ok(());
+    }
 
     let rows = runtime.block_on(hedge_rows(hedge_calls, seed, scale))?;
     print_table(

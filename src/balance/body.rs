@@ -7,7 +7,7 @@ use std::task::{Context, Poll, ready};
 
 use http_body::{Body, Frame, SizeHint};
 
-use super::outlier::health::{Health, Score, classify_trailers};
+use super::outlier::health::{Health, Score};
 
 pin_project_lite::pin_project! {
     /// The body of a response that came through [`Balance`](super::Balance): the endpoint's
@@ -15,8 +15,9 @@ pin_project_lite::pin_project! {
     ///
     /// When a gRPC response has begun (status 200, no `grpc-status` in its headers), its status
     /// comes in the trailers: this body reads them as they pass and tells the balancer's
-    /// outlier detection whether the call failed. An error of the body counts as a failure; a
-    /// body dropped before its end counts for nothing (the caller gave up, not the backend).
+    /// outlier detection whether the call failed, as the crate's gRPC classifier reads them.
+    /// An error of the body is `UNAVAILABLE`, as that classifier reads an error; a body
+    /// dropped before its end counts for nothing (the caller gave up, not the backend).
     /// Every other response was judged on its head, and its body is passed through untouched.
     ///
     /// ```
@@ -94,12 +95,12 @@ impl<B: Body> Body for ResponseBody<B> {
     ) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
         let this = self.project();
         let frame = ready!(this.inner.poll_frame(cx));
-        if this.watch.is_some() {
+        if let Some(health) = this.watch {
             let verdict = match &frame {
                 Some(Ok(frame)) => frame
                     .trailers_ref()
-                    .map(|trailers| classify_trailers(trailers, health_codes(this.watch))),
-                Some(Err(_)) => Some(Score::Failure),
+                    .map(|trailers| health.failures().trailers(trailers)),
+                Some(Err(_)) => Some(health.failures().broken_body()),
                 None => Some(Score::Success),
             };
             if let Some(verdict) = verdict
@@ -118,13 +119,6 @@ impl<B: Body> Body for ResponseBody<B> {
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
     }
-}
-
-fn health_codes(watch: &Option<Arc<Health>>) -> crate::classify::GrpcCodes {
-    watch
-        .as_ref()
-        .map(|health| health.failure_codes())
-        .unwrap_or_default()
 }
 
 impl<B: fmt::Debug> fmt::Debug for ResponseBody<B> {

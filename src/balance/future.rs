@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use super::ResponseBody;
-use super::outlier::health::{HeadScore, Health, Score, classify_head};
+use super::outlier::health::{HeadScore, Health};
 use crate::error::BoxError;
 
 /// The balancer was called while no endpoint was ready: `call` without a `poll_ready` that
@@ -86,11 +86,9 @@ where
                 };
                 Poll::Ready(match result {
                     Ok(response) => {
-                        let head = classify_head(
-                            response.status(),
-                            response.headers(),
-                            health.failure_codes(),
-                        );
+                        let head = health
+                            .failures()
+                            .head(response.status(), response.headers());
                         match head {
                             HeadScore::Settled(verdict) => {
                                 health.record(verdict);
@@ -107,7 +105,7 @@ where
                         // backend: the client's own resets (or its hedges' at the server)
                         // tripped it.
                         if crate::resets::Guard::of(&*error).is_none() {
-                            health.record(Score::Failure);
+                            health.record(health.failures().error(&*error));
                         }
                         Err(error)
                     }

@@ -296,8 +296,8 @@ fn dead_for_5_s(since_start: Duration) -> &'static str {
 
 #[tokio::test(start_paused = true)]
 async fn a_backend_that_recovers_gets_its_share_back_after_its_ejection() {
-    // Ejected at once, for 10 s; it recovers at 5 s; back at 10 s, on probation, it answers
-    // well and earns its full share back: a third from 20 s, twice its ejection time.
+    // Ejected at once, for 10 s; it recovers at 5 s; back at 10 s, it answers well and has
+    // its full share: a third from 20 s, twice its ejection time.
     let detection = OutlierDetection::builder()
         .base_ejection_time(Duration::from_secs(10))
         .build()
