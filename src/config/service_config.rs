@@ -246,7 +246,7 @@ impl ServiceConfig {
     /// an equal value: the property tests' way back.
     #[cfg(test)]
     pub(crate) fn to_json(&self) -> String {
-        super::write::service_config_value(self).to_string()
+        super::table::write(super::objects::ROOT, self).to_string()
     }
 
     fn at(&self, slot: Option<Slot>) -> Option<&MethodConfig> {
