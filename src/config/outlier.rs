@@ -144,20 +144,22 @@ const FAILURE_PERCENTAGE_EJECTION: &[Field<OutlierDetection>] = &[
     }),
 ];
 
-/// Sets `config` to what `builder` builds; a builder error is the field's at `path`. The
-/// builder refuses only a percentage above 100 that JSON can reach: the duration grammar
-/// refuses an `interval` of zero first.
+/// Sets `config` to what `builder` builds; a builder error is the field's at `path`. Of the
+/// builder's checks, JSON can break only a percentage's (the duration grammar refuses an
+/// `interval` of zero first), whose rule is [`Rule::Percent`]; the debug assertion sees a
+/// new check of the builder's that would need a rule of its own.
 fn built(
     builder: OutlierDetectionBuilder,
     config: &mut OutlierDetection,
     value: &Value,
     path: &str,
 ) -> Result<(), ConfigError> {
-    let built = builder.build();
-    set(
-        config,
-        built.map_err(|_| ConfigError::got(path, Rule::Percent, value))?,
-    )
+    let error = match builder.build() {
+        Ok(built) => return set(config, built),
+        Err(error) => error,
+    };
+    debug_assert_eq!(error.rule(), Rule::Percent.to_string(), "{error}");
+    Err(ConfigError::got(path, Rule::Percent, value))
 }
 
 /// Sets one `uint32` of the success-rate ejection.
@@ -284,6 +286,34 @@ mod tests {
                 minimum_hosts: 1,
                 request_volume: 3
             })
+        );
+    }
+
+    #[test]
+    fn integers_are_proto3s_numbers_or_decimal_strings() {
+        let config = OutlierDetection::from_json(
+            r#"{"maxEjectionPercent": "100", "successRateEjection": {"stdevFactor": "4294967295",
+                "minimumHosts": 2e0, "requestVolume": "007"}}"#,
+        )
+        .unwrap();
+        assert_eq!(config.max_ejection_percent(), 100);
+        let success_rate = config.success_rate().unwrap();
+        assert_eq!(success_rate.stdev_factor, u32::MAX);
+        assert_eq!(success_rate.minimum_hosts, 2);
+        assert_eq!(success_rate.request_volume, 7);
+        for bad in [r#""4294967296""#, r#""-1""#, r#""1e2""#, r#""""#, "-0.5"] {
+            let json = format!(r#"{{"failurePercentageEjection": {{"minimumHosts": {bad}}}}}"#);
+            let (path, rule, _) = error(&json);
+            assert_eq!(path, "failurePercentageEjection.minimumHosts", "{json}");
+            assert_eq!(rule, Rule::Uint32, "{json}");
+        }
+        // A percentage is the builder's to check, whichever way it is written.
+        let (path, rule, message) = error(r#"{"failurePercentageEjection": {"threshold": "101"}}"#);
+        assert_eq!(path, "failurePercentageEjection.threshold");
+        assert_eq!(rule, Rule::Percent);
+        assert_eq!(
+            message,
+            "failurePercentageEjection.threshold: must be at most 100, got \"101\""
         );
     }
 
