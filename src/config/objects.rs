@@ -1,6 +1,8 @@
-//! The objects of a service config, one table each: every field gRPC defines there, in the
-//! order it is read, whether it is required, how its value is read into the model, and how
-//! it is written back. A key is spelled here and nowhere else.
+//! The objects of a service config, one table each: every field gRPC defines there
+//! (`grpc/service_config/service_config.proto`, and `perAttemptRecvTimeout`, which grpc-java
+//! and C-core read), in the order it is read, whether it is required, how its value is read
+//! into the model, and how it is written back. A service-config key is spelled here and
+//! nowhere else (outlier detection's are in `outlier`).
 //!
 //! A reader is `|c, v, at, reader|`: what the object's fields before it made, the field's
 //! value, its path, and the state of the document's read; a writer is `|c|`.

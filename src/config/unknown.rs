@@ -77,10 +77,8 @@ impl fmt::Display for IgnoredKey {
     }
 }
 
-/// The fields gRPC defines in one object, in its table's order (the order of near-miss
-/// ties): `proto3` names only (`grpc/service_config/service_config.proto`, and
-/// `perAttemptRecvTimeout`, which grpc-java and C-core read), whether or not this crate reads
-/// them.
+/// The fields gRPC defines in one object, by their proto3 JSON names, in its table's order
+/// (the order of near-miss ties), whether or not this crate reads them.
 pub(super) trait Known: Iterator<Item = &'static str> + Clone {}
 
 impl<I: Iterator<Item = &'static str> + Clone> Known for I {}
