@@ -5,7 +5,7 @@
 use serde_json::Value;
 
 use super::parse::{
-    NotUnsigned, document, non_negative_duration, object, positive_duration, unsigned,
+    NotUnsigned, document, non_negative_duration, object, positive_duration, unsigned, wrong_type,
 };
 use super::table::{Field, Reader, read_fields, set};
 use super::unknown::{Unknown, UnknownKeys};
@@ -202,10 +202,7 @@ fn uint32(value: &Value, path: &str) -> Result<u32, ConfigError> {
     match unsigned(value) {
         Ok(n) => u32::try_from(n).map_err(|_| out_of_range()),
         Err(NotUnsigned::Invalid) => Err(out_of_range()),
-        Err(NotUnsigned::WrongType) => {
-            let expected = "an unsigned 32-bit integer";
-            Err(ConfigError::got(path, Rule::WrongType { expected }, value))
-        }
+        Err(NotUnsigned::WrongType) => Err(wrong_type(path, "an unsigned 32-bit integer", value)),
     }
 }
 

@@ -20,12 +20,12 @@ pub(super) fn parse_service_config(
     value: &Value,
     strict: bool,
 ) -> Result<ServiceConfig, ConfigError> {
-    let unknown = UnknownKeys::new(if strict {
+    let mode = if strict {
         Unknown::Refuse
     } else {
         Unknown::Keep
-    });
-    let mut reader = Reader::new(unknown);
+    };
+    let mut reader = Reader::new(UnknownKeys::new(mode));
     let mut config: ServiceConfig = read(value, "", ROOT, &mut reader)?;
     config.ignored = reader.unknown.kept;
     config.ignored_count = reader.unknown.count;
@@ -57,15 +57,9 @@ pub(super) fn object<'a>(
     value: &'a Value,
     path: &str,
 ) -> Result<&'a Map<String, Value>, ConfigError> {
-    value.as_object().ok_or_else(|| {
-        ConfigError::got(
-            path,
-            Rule::WrongType {
-                expected: "an object",
-            },
-            value,
-        )
-    })
+    value
+        .as_object()
+        .ok_or_else(|| wrong_type(path, "an object", value))
 }
 
 pub(super) fn array<'a>(
@@ -75,31 +69,24 @@ pub(super) fn array<'a>(
 ) -> Result<&'a Vec<Value>, ConfigError> {
     value
         .as_array()
-        .ok_or_else(|| ConfigError::got(path, Rule::WrongType { expected }, value))
+        .ok_or_else(|| wrong_type(path, expected, value))
 }
 
 pub(super) fn string<'a>(value: &'a Value, path: &str) -> Result<&'a str, ConfigError> {
-    value.as_str().ok_or_else(|| {
-        ConfigError::got(
-            path,
-            Rule::WrongType {
-                expected: "a string",
-            },
-            value,
-        )
-    })
+    value
+        .as_str()
+        .ok_or_else(|| wrong_type(path, "a string", value))
 }
 
 pub(super) fn boolean(value: &Value, path: &str) -> Result<bool, ConfigError> {
-    value.as_bool().ok_or_else(|| {
-        ConfigError::got(
-            path,
-            Rule::WrongType {
-                expected: "a boolean",
-            },
-            value,
-        )
-    })
+    value
+        .as_bool()
+        .ok_or_else(|| wrong_type(path, "a boolean", value))
+}
+
+/// `value`, at `path`, is not of the JSON type `expected` (such as `a string`).
+pub(super) fn wrong_type(path: &str, expected: &'static str, value: &Value) -> ConfigError {
+    ConfigError::got(path, Rule::WrongType { expected }, value)
 }
 
 /// Why a value is not a proto3 JSON integer >= 0.
@@ -188,11 +175,9 @@ pub(super) fn backoff_multiplier(value: &Value, path: &str) -> Result<f64, Confi
 /// A duration string; `Ok(Err(()))` when well-formed but negative.
 fn duration(value: &Value, path: &str) -> Result<Result<Duration, ()>, ConfigError> {
     let Some(text) = value.as_str() else {
-        return Err(ConfigError::got(
+        return Err(wrong_type(
             path,
-            Rule::WrongType {
-                expected: "a duration string such as \"0.1s\"",
-            },
+            "a duration string such as \"0.1s\"",
             value,
         ));
     };
