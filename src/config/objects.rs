@@ -125,11 +125,14 @@ pub(super) const NAME: &[Field<MethodName>] = &[
     ),
 ];
 
+/// The key a retry policy and a hedging policy share.
+const MAX_ATTEMPTS: &str = "maxAttempts";
+
 /// `retryPolicy`. `perAttemptRecvTimeout` is read before `retryableStatusCodes`, which may be
 /// empty with it (as in C-core: only timeouts are retried then), but is still required.
 pub(super) const RETRY_POLICY: &[Field<RetryPolicyConfig>] = &[
     Field::required(
-        "maxAttempts",
+        MAX_ATTEMPTS,
         |c, v, at, _| set(&mut c.max_attempts, max_attempts(v, at)?),
         |c| Some(c.max_attempts.into()),
     ),
@@ -172,7 +175,7 @@ pub(super) const RETRY_POLICY: &[Field<RetryPolicyConfig>] = &[
 /// `nonFatalStatusCodes` none.
 pub(super) const HEDGING_POLICY: &[Field<HedgingPolicyConfig>] = &[
     Field::required(
-        "maxAttempts",
+        MAX_ATTEMPTS,
         |c, v, at, _| set(&mut c.max_attempts, max_attempts(v, at)?),
         |c| Some(c.max_attempts.into()),
     ),

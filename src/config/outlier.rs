@@ -112,18 +112,23 @@ const OUTLIER_DETECTION: &[Field<OutlierDetection>] = &[
     }),
 ];
 
+// The keys both ejections have.
+const ENFORCEMENT_PERCENTAGE: &str = "enforcementPercentage";
+const MINIMUM_HOSTS: &str = "minimumHosts";
+const REQUEST_VOLUME: &str = "requestVolume";
+
 /// `successRateEjection`, read into the detection's success-rate ejection.
 const SUCCESS_RATE_EJECTION: &[Field<OutlierDetection>] = &[
     Field::read_only("stdevFactor", |c, v, at, _| {
         success_rate(c, v, at, |e, n| e.stdev_factor = n)
     }),
-    Field::read_only("enforcementPercentage", |c, v, at, _| {
+    Field::read_only(ENFORCEMENT_PERCENTAGE, |c, v, at, _| {
         success_rate(c, v, at, |e, n| e.enforcement_percentage = n)
     }),
-    Field::read_only("minimumHosts", |c, v, at, _| {
+    Field::read_only(MINIMUM_HOSTS, |c, v, at, _| {
         success_rate(c, v, at, |e, n| e.minimum_hosts = n)
     }),
-    Field::read_only("requestVolume", |c, v, at, _| {
+    Field::read_only(REQUEST_VOLUME, |c, v, at, _| {
         success_rate(c, v, at, |e, n| e.request_volume = n)
     }),
 ];
@@ -133,13 +138,13 @@ const FAILURE_PERCENTAGE_EJECTION: &[Field<OutlierDetection>] = &[
     Field::read_only("threshold", |c, v, at, _| {
         failure_percentage(c, v, at, |e, n| e.threshold = n)
     }),
-    Field::read_only("enforcementPercentage", |c, v, at, _| {
+    Field::read_only(ENFORCEMENT_PERCENTAGE, |c, v, at, _| {
         failure_percentage(c, v, at, |e, n| e.enforcement_percentage = n)
     }),
-    Field::read_only("minimumHosts", |c, v, at, _| {
+    Field::read_only(MINIMUM_HOSTS, |c, v, at, _| {
         failure_percentage(c, v, at, |e, n| e.minimum_hosts = n)
     }),
-    Field::read_only("requestVolume", |c, v, at, _| {
+    Field::read_only(REQUEST_VOLUME, |c, v, at, _| {
         failure_percentage(c, v, at, |e, n| e.request_volume = n)
     }),
 ];
