@@ -107,7 +107,6 @@ pub(crate) fn parse_duration(s: &str) -> Result<Duration, DurationError> {
 ///
 /// The result parses back with [`parse_duration`] when the duration is at most
 /// 315 576 000 000 seconds long, which every duration of a parsed config is.
-#[cfg(test)]
 pub(crate) fn format_duration(duration: Duration) -> String {
     let seconds = duration.as_secs();
     let nanos = duration.subsec_nanos();

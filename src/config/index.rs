@@ -11,12 +11,6 @@ pub(super) struct Slot {
     pub(super) name: usize,
 }
 
-impl Slot {
-    fn path(self) -> String {
-        format!("methodConfig[{}].name[{}]", self.config, self.name)
-    }
-}
-
 /// The names within one service: the whole service, and its methods.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 struct ServiceSlots {
@@ -32,16 +26,20 @@ pub(super) struct NameIndex {
 }
 
 impl NameIndex {
-    /// Adds `name`, found at `slot`; an error when the name is already in the index.
-    pub(super) fn insert(&mut self, name: &MethodName, slot: Slot) -> Result<(), ConfigError> {
+    /// Adds `name`, found at `slot`; an error when the name is already in the index, naming
+    /// both places by their `path`.
+    pub(super) fn insert(
+        &mut self,
+        name: &MethodName,
+        slot: Slot,
+        path: impl Fn(Slot) -> String,
+    ) -> Result<(), ConfigError> {
         let existing = if name.is_default() {
             match self.default {
                 Some(first) => {
                     return Err(ConfigError::new(
-                        slot.path(),
-                        Rule::DuplicateDefault {
-                            first: first.path(),
-                        },
+                        path(slot),
+                        Rule::DuplicateDefault { first: path(first) },
                     ));
                 }
                 None => &mut self.default,
@@ -53,9 +51,9 @@ impl NameIndex {
                 Some(method) => {
                     if let Some(first) = service.methods.get(method) {
                         return Err(ConfigError::new(
-                            slot.path(),
+                            path(slot),
                             Rule::DuplicateName {
-                                first: first.path(),
+                                first: path(*first),
                             },
                         ));
                     }
@@ -66,9 +64,9 @@ impl NameIndex {
         };
         if let Some(first) = existing {
             return Err(ConfigError::new(
-                slot.path(),
+                path(slot),
                 Rule::DuplicateName {
-                    first: first.path(),
+                    first: path(*first),
                 },
             ));
         }

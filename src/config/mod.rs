@@ -129,21 +129,19 @@ mod duration;
 mod error;
 mod index;
 mod model;
+mod objects;
 #[cfg(feature = "balance")]
 mod outlier;
 mod parse;
 mod policies;
 mod service_config;
+mod table;
 #[cfg(test)]
 mod tests;
 mod unknown;
-#[cfg(test)]
-mod write;
 
 pub use duration::DurationError;
-#[cfg(test)]
-pub(crate) use duration::format_duration;
-pub(crate) use duration::parse_duration;
+pub(crate) use duration::{format_duration, parse_duration};
 pub use error::{ConfigError, Rule};
 pub(crate) use model::{
     ConfigPolicy, HedgingPolicyConfig, MethodConfig, MethodName, RetryPolicyConfig, RetryThrottling,

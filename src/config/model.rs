@@ -1,5 +1,8 @@
 //! The data model of a validated service config: method names, policies, method
 //! configs and retry throttling, as plain values.
+//!
+//! `Default` is where reading an object starts: the value of an absent optional field, and a
+//! placeholder for a required one, which a parse always reads over.
 
 use std::time::Duration;
 
@@ -8,7 +11,7 @@ use crate::classify::GrpcCodes;
 /// The name a method config applies to: one method (`service` and `method`), a whole
 /// service (`method` is `None`), or every method (the default: empty `service`, no
 /// `method`).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
 pub(crate) struct MethodName {
     /// The fully-qualified service name, such as `helloworld.Greeter`; empty for the
     /// default name.
@@ -27,7 +30,7 @@ impl MethodName {
 }
 
 /// A validated `retryPolicy`.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub(crate) struct RetryPolicyConfig {
     /// `maxAttempts`: attempts in all, the original one included; >= 2, as given
     /// (saturated to `u32::MAX`), not yet clamped to the client's cap.
@@ -47,7 +50,7 @@ pub(crate) struct RetryPolicyConfig {
 }
 
 /// A validated `hedgingPolicy`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(crate) struct HedgingPolicyConfig {
     /// `maxAttempts`: attempts in all, the original one included; >= 2, as given
     /// (saturated to `u32::MAX`), not yet clamped to the client's cap.
@@ -68,7 +71,7 @@ pub(crate) enum ConfigPolicy {
 }
 
 /// One validated entry of `methodConfig`.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub(crate) struct MethodConfig {
     /// The names this config applies to (possibly none).
     pub(crate) names: Vec<MethodName>,
@@ -87,7 +90,6 @@ pub(crate) struct MethodConfig {
 
 impl MethodConfig {
     /// The retry policy, if the policy is one.
-    #[cfg(test)]
     pub(crate) fn retry_policy(&self) -> Option<&RetryPolicyConfig> {
         match &self.policy {
             Some(ConfigPolicy::Retry(retry)) => Some(retry),
@@ -96,7 +98,6 @@ impl MethodConfig {
     }
 
     /// The hedging policy, if the policy is one.
-    #[cfg(test)]
     pub(crate) fn hedging_policy(&self) -> Option<&HedgingPolicyConfig> {
         match &self.policy {
             Some(ConfigPolicy::Hedging(hedging)) => Some(hedging),
@@ -106,7 +107,7 @@ impl MethodConfig {
 }
 
 /// A validated `retryThrottling`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub(crate) struct RetryThrottling {
     /// `maxTokens`: in 1..=1000.
     pub(crate) max_tokens: u32,

@@ -1,11 +1,18 @@
 //! Outlier detection from the JSON of gRPC's `outlier_detection_experimental` policy, read
-//! with the service config's readers, limits and errors.
+//! with the service config's tables, readers, limits and errors, through
+//! [`OutlierDetectionBuilder`], whose checks are the only ones.
 
 use serde_json::Value;
 
-use super::parse::{child, document, field, non_negative_duration, object, positive_duration};
+use super::parse::{
+    NotUnsigned, document, non_negative_duration, object, positive_duration, unsigned, wrong_type,
+};
+use super::table::{Field, Reader, read_fields, set};
+use super::unknown::{Unknown, UnknownKeys};
 use super::{ConfigError, Rule};
-use crate::balance::{FailurePercentageEjection, OutlierDetection, SuccessRateEjection};
+use crate::balance::{
+    FailurePercentageEjection, OutlierDetection, OutlierDetectionBuilder, SuccessRateEjection,
+};
 
 /// What an error of the document itself calls it.
 const DOCUMENT: &str = "outlier detection config";
@@ -63,117 +70,144 @@ impl OutlierDetection {
 fn read(json: &str) -> Result<OutlierDetection, ConfigError> {
     let value = document(json)?;
     let root = object(&value, "")?;
-    let (object, prefix) = match root.get(POLICY_NAME) {
-        Some(inner) if root.len() == 1 => (self::object(inner, POLICY_NAME)?, POLICY_NAME),
-        _ => (root, ""),
+    let (value, path) = match root.get(POLICY_NAME) {
+        Some(inner) if root.len() == 1 => (inner, POLICY_NAME),
+        _ => (&value, ""),
     };
+    // gRPC ignores the keys it does not read (`childPolicy`), and so does this reader.
+    let mut reader = Reader::new(UnknownKeys::new(Unknown::Ignore));
     let mut config = OutlierDetection::a50_defaults();
-    let read = |key| field(object, key).map(|value| (value, child(prefix, key)));
-    if let Some((value, path)) = read("interval") {
-        config.interval = positive_duration(value, &path)?;
-    }
-    if let Some((value, path)) = read("baseEjectionTime") {
-        config.base_ejection_time = non_negative_duration(value, &path)?;
-    }
-    if let Some((value, path)) = read("maxEjectionTime") {
-        config.max_ejection_time = non_negative_duration(value, &path)?;
-    }
-    if let Some((value, path)) = read("maxEjectionPercent") {
-        config.max_ejection_percent = bounded(value, &path, 100)?;
-    }
-    // Each algorithm's fields: `uint32`s, percentages at most 100.
-    const ANY: u32 = u32::MAX;
-    if let Some((value, path)) = read("successRateEjection") {
-        let mut ejection = SuccessRateEjection::default();
-        read_uint32s(
-            self::object(value, &path)?,
-            &path,
-            [
-                ("stdevFactor", &mut ejection.stdev_factor, ANY),
-                (
-                    "enforcementPercentage",
-                    &mut ejection.enforcement_percentage,
-                    100,
-                ),
-                ("minimumHosts", &mut ejection.minimum_hosts, ANY),
-                ("requestVolume", &mut ejection.request_volume, ANY),
-            ],
-        )?;
-        config.success_rate = Some(ejection);
-    }
-    if let Some((value, path)) = read("failurePercentageEjection") {
-        let mut ejection = FailurePercentageEjection::default();
-        read_uint32s(
-            self::object(value, &path)?,
-            &path,
-            [
-                ("threshold", &mut ejection.threshold, 100),
-                (
-                    "enforcementPercentage",
-                    &mut ejection.enforcement_percentage,
-                    100,
-                ),
-                ("minimumHosts", &mut ejection.minimum_hosts, ANY),
-                ("requestVolume", &mut ejection.request_volume, ANY),
-            ],
-        )?;
-        config.failure_percentage = Some(ejection);
-    }
+    read_fields(&mut config, value, path, OUTLIER_DETECTION, &mut reader)?;
     Ok(config)
 }
 
-/// Reads the fields of `object` (at `path`) that are present into their slots, each at
-/// most its bound.
-fn read_uint32s(
-    object: &serde_json::Map<String, Value>,
+/// A50's config object. Every field is set through the builder, whose checks (each percentage
+/// at most 100) are the only ones: built after each field, so that an error names the JSON
+/// field that broke a check (the builder's own error names its setting, not the key).
+const OUTLIER_DETECTION: &[Field<OutlierDetection>] = &[
+    Field::read_only("interval", |c, v, at, _| {
+        built(c.to_builder().interval(positive_duration(v, at)?), c, v, at)
+    }),
+    Field::read_only("baseEjectionTime", |c, v, at, _| {
+        let base = non_negative_duration(v, at)?;
+        built(c.to_builder().base_ejection_time(base), c, v, at)
+    }),
+    Field::read_only("maxEjectionTime", |c, v, at, _| {
+        let max = non_negative_duration(v, at)?;
+        built(c.to_builder().max_ejection_time(max), c, v, at)
+    }),
+    Field::read_only("maxEjectionPercent", |c, v, at, _| {
+        let percent = uint32(v, at)?;
+        built(c.to_builder().max_ejection_percent(percent), c, v, at)
+    }),
+    Field::read_only("successRateEjection", |c, v, at, reader| {
+        let ejection = Some(SuccessRateEjection::default());
+        built(c.to_builder().success_rate(ejection), c, v, at)?;
+        read_fields(c, v, at, SUCCESS_RATE_EJECTION, reader)
+    }),
+    Field::read_only("failurePercentageEjection", |c, v, at, reader| {
+        let ejection = Some(FailurePercentageEjection::default());
+        built(c.to_builder().failure_percentage(ejection), c, v, at)?;
+        read_fields(c, v, at, FAILURE_PERCENTAGE_EJECTION, reader)
+    }),
+];
+
+// The keys both ejections have.
+const ENFORCEMENT_PERCENTAGE: &str = "enforcementPercentage";
+const MINIMUM_HOSTS: &str = "minimumHosts";
+const REQUEST_VOLUME: &str = "requestVolume";
+
+/// `successRateEjection`, read into the detection's success-rate ejection.
+const SUCCESS_RATE_EJECTION: &[Field<OutlierDetection>] = &[
+    Field::read_only("stdevFactor", |c, v, at, _| {
+        success_rate(c, v, at, |e, n| e.stdev_factor = n)
+    }),
+    Field::read_only(ENFORCEMENT_PERCENTAGE, |c, v, at, _| {
+        success_rate(c, v, at, |e, n| e.enforcement_percentage = n)
+    }),
+    Field::read_only(MINIMUM_HOSTS, |c, v, at, _| {
+        success_rate(c, v, at, |e, n| e.minimum_hosts = n)
+    }),
+    Field::read_only(REQUEST_VOLUME, |c, v, at, _| {
+        success_rate(c, v, at, |e, n| e.request_volume = n)
+    }),
+];
+
+/// `failurePercentageEjection`, read into the detection's failure-percentage ejection.
+const FAILURE_PERCENTAGE_EJECTION: &[Field<OutlierDetection>] = &[
+    Field::read_only("threshold", |c, v, at, _| {
+        failure_percentage(c, v, at, |e, n| e.threshold = n)
+    }),
+    Field::read_only(ENFORCEMENT_PERCENTAGE, |c, v, at, _| {
+        failure_percentage(c, v, at, |e, n| e.enforcement_percentage = n)
+    }),
+    Field::read_only(MINIMUM_HOSTS, |c, v, at, _| {
+        failure_percentage(c, v, at, |e, n| e.minimum_hosts = n)
+    }),
+    Field::read_only(REQUEST_VOLUME, |c, v, at, _| {
+        failure_percentage(c, v, at, |e, n| e.request_volume = n)
+    }),
+];
+
+/// Sets `config` to what `builder` builds; a builder error is the field's at `path`. Of the
+/// builder's checks, JSON can break only a percentage's (the duration grammar refuses an
+/// `interval` of zero first), whose rule is [`Rule::Percent`]; the debug assertion sees a
+/// new check of the builder's that would need a rule of its own.
+fn built(
+    builder: OutlierDetectionBuilder,
+    config: &mut OutlierDetection,
+    value: &Value,
     path: &str,
-    slots: [(&str, &mut u32, u32); 4],
 ) -> Result<(), ConfigError> {
-    for (key, slot, max) in slots {
-        if let Some(value) = field(object, key) {
-            *slot = bounded(value, &child(path, key), max)?;
-        }
-    }
-    Ok(())
+    let error = match builder.build() {
+        Ok(built) => return set(config, built),
+        Err(error) => error,
+    };
+    debug_assert_eq!(error.rule(), Rule::Percent.to_string(), "{error}");
+    Err(ConfigError::got(path, Rule::Percent, value))
+}
+
+/// Sets one `uint32` of the success-rate ejection.
+fn success_rate(
+    config: &mut OutlierDetection,
+    value: &Value,
+    path: &str,
+    field: fn(&mut SuccessRateEjection, u32),
+) -> Result<(), ConfigError> {
+    let mut ejection = config.success_rate().unwrap_or_default();
+    field(&mut ejection, uint32(value, path)?);
+    built(
+        config.to_builder().success_rate(Some(ejection)),
+        config,
+        value,
+        path,
+    )
+}
+
+/// Sets one `uint32` of the failure-percentage ejection.
+fn failure_percentage(
+    config: &mut OutlierDetection,
+    value: &Value,
+    path: &str,
+    field: fn(&mut FailurePercentageEjection, u32),
+) -> Result<(), ConfigError> {
+    let mut ejection = config.failure_percentage().unwrap_or_default();
+    field(&mut ejection, uint32(value, path)?);
+    built(
+        config.to_builder().failure_percentage(Some(ejection)),
+        config,
+        value,
+        path,
+    )
 }
 
 /// A proto3 JSON `uint32`: a number with no fraction, or a string of decimal digits.
 fn uint32(value: &Value, path: &str) -> Result<u32, ConfigError> {
     let out_of_range = || ConfigError::got(path, Rule::Uint32, value);
-    match value {
-        Value::Number(number) => {
-            if let Some(n) = number.as_u64() {
-                u32::try_from(n).map_err(|_| out_of_range())
-            } else if number.is_i64() {
-                Err(out_of_range())
-            } else {
-                // A float: an integer only if it has no fraction (proto3 JSON accepts `1e2`).
-                let float = number.as_f64().unwrap_or(f64::NAN);
-                if float.fract() == 0.0 && (0.0..=f64::from(u32::MAX)).contains(&float) {
-                    Ok(float as u32)
-                } else {
-                    Err(out_of_range())
-                }
-            }
-        }
-        Value::String(text) => {
-            if text.is_empty() || text.len() > 10 || !text.bytes().all(|b| b.is_ascii_digit()) {
-                return Err(out_of_range());
-            }
-            text.parse::<u32>().map_err(|_| out_of_range())
-        }
-        other => {
-            let expected = "an unsigned 32-bit integer";
-            Err(ConfigError::got(path, Rule::WrongType { expected }, other))
-        }
-    }
-}
-
-/// A `uint32` of at most `max`: 100 for a percentage.
-fn bounded(value: &Value, path: &str, max: u32) -> Result<u32, ConfigError> {
-    match uint32(value, path)? {
-        n if n > max => Err(ConfigError::got(path, Rule::Percent, value)),
-        n => Ok(n),
+    match unsigned(value) {
+        Ok(n) => u32::try_from(n).map_err(|_| out_of_range()),
+        Err(NotUnsigned::Invalid) => Err(out_of_range()),
+        Err(NotUnsigned::WrongType) => Err(wrong_type(path, "an unsigned 32-bit integer", value)),
     }
 }
 
@@ -254,6 +288,34 @@ mod tests {
                 minimum_hosts: 1,
                 request_volume: 3
             })
+        );
+    }
+
+    #[test]
+    fn integers_are_proto3s_numbers_or_decimal_strings() {
+        let config = OutlierDetection::from_json(
+            r#"{"maxEjectionPercent": "100", "successRateEjection": {"stdevFactor": "4294967295",
+                "minimumHosts": 2e0, "requestVolume": "007"}}"#,
+        )
+        .unwrap();
+        assert_eq!(config.max_ejection_percent(), 100);
+        let success_rate = config.success_rate().unwrap();
+        assert_eq!(success_rate.stdev_factor, u32::MAX);
+        assert_eq!(success_rate.minimum_hosts, 2);
+        assert_eq!(success_rate.request_volume, 7);
+        for bad in [r#""4294967296""#, r#""-1""#, r#""1e2""#, r#""""#, "-0.5"] {
+            let json = format!(r#"{{"failurePercentageEjection": {{"minimumHosts": {bad}}}}}"#);
+            let (path, rule, _) = error(&json);
+            assert_eq!(path, "failurePercentageEjection.minimumHosts", "{json}");
+            assert_eq!(rule, Rule::Uint32, "{json}");
+        }
+        // A percentage is the builder's to check, whichever way it is written.
+        let (path, rule, message) = error(r#"{"failurePercentageEjection": {"threshold": "101"}}"#);
+        assert_eq!(path, "failurePercentageEjection.threshold");
+        assert_eq!(rule, Rule::Percent);
+        assert_eq!(
+            message,
+            "failurePercentageEjection.threshold: must be at most 100, got \"101\""
         );
     }
 

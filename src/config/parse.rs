@@ -1,16 +1,16 @@
-//! Reading service-config JSON: field readers that name the path of what they read, and
-//! one parser per object of the document.
+//! Reading service-config JSON: the document, and the readers of its values, each naming the
+//! path of what it reads. The objects' tables (in `objects`) put them together.
 
 use std::time::Duration;
 
 use serde_json::{Map, Number, Value};
 
-use super::index::Slot;
-use super::unknown::{UnknownKeys, fields, near_miss};
+use super::objects::ROOT;
+use super::table::{Reader, read};
+use super::unknown::{Unknown, UnknownKeys};
 use super::{
-    ConfigError, ConfigPolicy, DurationError, HedgingPolicyConfig, MAX_DOCUMENT_BYTES,
-    MAX_METHOD_CONFIGS, MAX_NAMES, MAX_STATUS_CODES, MethodConfig, MethodName, RetryPolicyConfig,
-    RetryThrottling, Rule, ServiceConfig, parse_duration,
+    ConfigError, DurationError, MAX_DOCUMENT_BYTES, MAX_STATUS_CODES, Rule, ServiceConfig,
+    parse_duration,
 };
 use crate::classify::{Code, GrpcCodes};
 
@@ -20,50 +20,15 @@ pub(super) fn parse_service_config(
     value: &Value,
     strict: bool,
 ) -> Result<ServiceConfig, ConfigError> {
-    let mut unknown = UnknownKeys::new(strict);
-    let root = object(value, "")?;
-    unknown.check(root, "", fields::ROOT)?;
-    let mut config = ServiceConfig::default();
-    if let Some(list) = field(root, "methodConfig") {
-        let path = "methodConfig";
-        let list = array(list, path, "an array of method configs")?;
-        if list.len() > MAX_METHOD_CONFIGS {
-            return Err(ConfigError::new(
-                path,
-                Rule::TooManyEntries {
-                    max: MAX_METHOD_CONFIGS,
-                },
-            ));
-        }
-        config.method_configs.reserve_exact(list.len());
-        let mut names_seen = 0;
-        for (i, entry) in list.iter().enumerate() {
-            let path = format!("methodConfig[{i}]");
-            let method_config = parse_method_config(entry, &path, &mut names_seen, &mut unknown)?;
-            for (j, name) in method_config.names.iter().enumerate() {
-                config.index.insert(name, Slot { config: i, name: j })?;
-            }
-            config.method_configs.push(method_config);
-        }
-    }
-    if let Some(throttling) = field(root, "retryThrottling") {
-        config.retry_throttling = Some(parse_throttling(
-            throttling,
-            "retryThrottling",
-            &mut unknown,
-        )?);
-    }
-    // Fields this crate does not read: only their keys are checked, and only in an object.
-    for (key, known) in [
-        ("healthCheckConfig", fields::HEALTH_CHECK_CONFIG),
-        ("connectionScaling", fields::CONNECTION_SCALING),
-    ] {
-        if let Some(Value::Object(object)) = field(root, key) {
-            unknown.check(object, key, known)?;
-        }
-    }
-    config.ignored = unknown.kept;
-    config.ignored_count = unknown.count;
+    let mode = if strict {
+        Unknown::Refuse
+    } else {
+        Unknown::Keep
+    };
+    let mut reader = Reader::new(UnknownKeys::new(mode));
+    let mut config: ServiceConfig = read(value, "", ROOT, &mut reader)?;
+    config.ignored = reader.unknown.kept;
+    config.ignored_count = reader.unknown.count;
     Ok(config)
 }
 
@@ -88,100 +53,131 @@ pub(super) fn field<'a>(object: &'a Map<String, Value>, key: &str) -> Option<&'a
     object.get(key).filter(|value| !value.is_null())
 }
 
-/// A required field of an object whose fields are `known`; when it is absent, the error
-/// names a key of the object that is a near miss of it.
-fn required<'a>(
-    object: &'a Map<String, Value>,
-    path: &str,
-    key: &'static str,
-    known: &'static [&'static str],
-) -> Result<(&'a Value, String), ConfigError> {
-    let path = child(path, key);
-    match field(object, key) {
-        Some(value) => Ok((value, path)),
-        None => Err(ConfigError::missing(
-            path,
-            key,
-            near_miss(object, known, key),
-        )),
-    }
-}
-
 pub(super) fn object<'a>(
     value: &'a Value,
     path: &str,
 ) -> Result<&'a Map<String, Value>, ConfigError> {
-    value.as_object().ok_or_else(|| {
-        ConfigError::got(
-            path,
-            Rule::WrongType {
-                expected: "an object",
-            },
-            value,
-        )
-    })
+    value
+        .as_object()
+        .ok_or_else(|| wrong_type(path, "an object", value))
 }
 
-fn array<'a>(
+pub(super) fn array<'a>(
     value: &'a Value,
     path: &str,
     expected: &'static str,
 ) -> Result<&'a Vec<Value>, ConfigError> {
     value
         .as_array()
-        .ok_or_else(|| ConfigError::got(path, Rule::WrongType { expected }, value))
+        .ok_or_else(|| wrong_type(path, expected, value))
 }
 
-fn string<'a>(value: &'a Value, path: &str) -> Result<&'a str, ConfigError> {
-    value.as_str().ok_or_else(|| {
-        ConfigError::got(
-            path,
-            Rule::WrongType {
-                expected: "a string",
-            },
-            value,
-        )
-    })
+pub(super) fn string<'a>(value: &'a Value, path: &str) -> Result<&'a str, ConfigError> {
+    value
+        .as_str()
+        .ok_or_else(|| wrong_type(path, "a string", value))
 }
 
-/// An integral JSON number (`2`, `2.0`, `2e0`), saturated to `u64`; `Err(())` for a
-/// negative one, `None` for anything else.
-fn integer(value: &Value) -> Option<Result<u64, ()>> {
-    let number = value.as_number()?;
-    if let Some(n) = number.as_u64() {
-        return Some(Ok(n));
+pub(super) fn boolean(value: &Value, path: &str) -> Result<bool, ConfigError> {
+    value
+        .as_bool()
+        .ok_or_else(|| wrong_type(path, "a boolean", value))
+}
+
+/// `value`, at `path`, is not of the JSON type `expected` (such as `a string`).
+pub(super) fn wrong_type(path: &str, expected: &'static str, value: &Value) -> ConfigError {
+    ConfigError::got(path, Rule::WrongType { expected }, value)
+}
+
+/// Why a value is not a proto3 JSON integer >= 0.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum NotUnsigned {
+    /// Neither a number nor a string.
+    WrongType,
+    /// A number below zero or with a fraction, or a string of anything but decimal digits.
+    Invalid,
+}
+
+/// The one reader of proto3 JSON integers >= 0, saturated to `u64`: a JSON number without a
+/// fraction (`2`, `2.0`, `2e0`; `-0` is zero), or a string of decimal digits (`"2"`), as
+/// proto3 JSON also writes integers.
+pub(super) fn unsigned(value: &Value) -> Result<u64, NotUnsigned> {
+    match value {
+        Value::Number(number) => {
+            if let Some(n) = number.as_u64() {
+                return Ok(n);
+            }
+            let float = number.as_f64().unwrap_or(f64::NAN);
+            // An `i64` that is not a `u64` is below zero; `-0.0 < 0.0` is false: negative zero
+            // is zero. Float-to-int `as` saturates.
+            if number.is_i64() || !float.is_finite() || float.fract() != 0.0 || float < 0.0 {
+                return Err(NotUnsigned::Invalid);
+            }
+            Ok(float as u64)
+        }
+        Value::String(text) if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) => {
+            Ok(text.bytes().fold(0u64, |n, digit| {
+                n.saturating_mul(10).saturating_add(u64::from(digit - b'0'))
+            }))
+        }
+        Value::String(_) => Err(NotUnsigned::Invalid),
+        _ => Err(NotUnsigned::WrongType),
     }
-    if number.is_i64() {
-        // Not a u64, so below zero.
-        return Some(Err(()));
-    }
-    let f = number.as_f64()?;
-    if !f.is_finite() || f.fract() != 0.0 {
-        return None;
-    }
-    // `-0.0 < 0.0` is false: negative zero is zero. Float-to-int `as` saturates.
-    Some(if f < 0.0 { Err(()) } else { Ok(f as u64) })
+}
+
+/// An integer >= 0 of the service config: a JSON number only, as gRPC's parsers read these
+/// fields (grpc-go decodes them into Go integers), so a string is refused.
+fn number(value: &Value) -> Option<u64> {
+    value.as_number().and_then(|_| unsigned(value).ok())
 }
 
 fn saturate_u32(n: u64) -> u32 {
     u32::try_from(n).unwrap_or(u32::MAX)
 }
 
-fn parse_max_attempts(value: &Value, path: &str) -> Result<u32, ConfigError> {
-    match integer(value) {
-        Some(Ok(n)) if n >= 2 => Ok(saturate_u32(n)),
+/// `maxAttempts`: an integer >= 2, saturated to `u32::MAX`.
+pub(super) fn max_attempts(value: &Value, path: &str) -> Result<u32, ConfigError> {
+    match number(value) {
+        Some(n) if n >= 2 => Ok(saturate_u32(n)),
         _ => Err(ConfigError::got(path, Rule::MaxAttempts, value)),
+    }
+}
+
+/// `maxRequestMessageBytes`, `maxResponseMessageBytes`: an integer >= 0, saturated.
+pub(super) fn message_bytes(value: &Value, path: &str) -> Result<u64, ConfigError> {
+    number(value).ok_or_else(|| ConfigError::got(path, Rule::MessageBytes, value))
+}
+
+/// `maxTokens`: an integer in (0, 1000].
+pub(super) fn max_tokens(value: &Value, path: &str) -> Result<u32, ConfigError> {
+    match number(value) {
+        Some(n @ 1..=1000) => Ok(saturate_u32(n)),
+        _ => Err(ConfigError::got(path, Rule::MaxTokens, value)),
+    }
+}
+
+/// `tokenRatio`, in thousandths: a number that is > 0 once cut to three decimals.
+pub(super) fn token_ratio(value: &Value, path: &str) -> Result<u32, ConfigError> {
+    match value.as_number().map(token_ratio_milli) {
+        Some(milli) if milli > 0 => Ok(milli),
+        _ => Err(ConfigError::got(path, Rule::TokenRatio, value)),
+    }
+}
+
+/// `backoffMultiplier`: a finite number > 0.
+pub(super) fn backoff_multiplier(value: &Value, path: &str) -> Result<f64, ConfigError> {
+    match value.as_f64() {
+        Some(m) if m > 0.0 && m.is_finite() => Ok(m),
+        _ => Err(ConfigError::got(path, Rule::BackoffMultiplier, value)),
     }
 }
 
 /// A duration string; `Ok(Err(()))` when well-formed but negative.
 fn duration(value: &Value, path: &str) -> Result<Result<Duration, ()>, ConfigError> {
     let Some(text) = value.as_str() else {
-        return Err(ConfigError::got(
+        return Err(wrong_type(
             path,
-            Rule::WrongType {
-                expected: "a duration string such as \"0.1s\"",
-            },
+            "a duration string such as \"0.1s\"",
             value,
         ));
     };
@@ -203,7 +199,7 @@ pub(super) fn non_negative_duration(value: &Value, path: &str) -> Result<Duratio
     duration(value, path)?.map_err(|()| ConfigError::got(path, Rule::Negative, value))
 }
 
-fn parse_status_codes(
+pub(super) fn status_codes(
     value: &Value,
     path: &str,
     non_empty: bool,
@@ -224,10 +220,9 @@ fn parse_status_codes(
     for (k, entry) in list.iter().enumerate() {
         let code = match entry {
             Value::String(name) => name.parse::<Code>().ok(),
-            _ => match integer(entry) {
-                Some(Ok(n)) => i32::try_from(n).ok().and_then(Code::from_i32),
-                _ => None,
-            },
+            _ => number(entry)
+                .and_then(|n| i32::try_from(n).ok())
+                .and_then(Code::from_i32),
         };
         match code {
             Some(code) => codes.insert(code),
@@ -241,187 +236,6 @@ fn parse_status_codes(
         }
     }
     Ok(codes)
-}
-
-fn parse_retry_policy(
-    value: &Value,
-    path: &str,
-    unknown: &mut UnknownKeys,
-) -> Result<RetryPolicyConfig, ConfigError> {
-    let object = object(value, path)?;
-    let known = fields::RETRY_POLICY;
-    unknown.check(object, path, known)?;
-
-    let (value, at) = required(object, path, "maxAttempts", known)?;
-    let max_attempts = parse_max_attempts(value, &at)?;
-
-    let (value, at) = required(object, path, "initialBackoff", known)?;
-    let initial_backoff = positive_duration(value, &at)?;
-
-    let (value, at) = required(object, path, "maxBackoff", known)?;
-    let max_backoff = positive_duration(value, &at)?;
-
-    let (value, at) = required(object, path, "backoffMultiplier", known)?;
-    let backoff_multiplier = match value.as_f64() {
-        Some(m) if m > 0.0 && m.is_finite() => m,
-        _ => return Err(ConfigError::got(at, Rule::BackoffMultiplier, value)),
-    };
-
-    let per_attempt_recv_timeout = match field(object, "perAttemptRecvTimeout") {
-        Some(value) => Some(positive_duration(
-            value,
-            &child(path, "perAttemptRecvTimeout"),
-        )?),
-        None => None,
-    };
-
-    // As in C-core: with a per-attempt timeout the codes may be empty (only timeouts are
-    // retried then), but the key is still required.
-    let (value, at) = required(object, path, "retryableStatusCodes", known)?;
-    let retryable_status_codes =
-        parse_status_codes(value, &at, per_attempt_recv_timeout.is_none())?;
-
-    Ok(RetryPolicyConfig {
-        max_attempts,
-        initial_backoff,
-        max_backoff,
-        backoff_multiplier,
-        retryable_status_codes,
-        per_attempt_recv_timeout,
-    })
-}
-
-fn parse_hedging_policy(
-    value: &Value,
-    path: &str,
-    unknown: &mut UnknownKeys,
-) -> Result<HedgingPolicyConfig, ConfigError> {
-    let object = object(value, path)?;
-    let known = fields::HEDGING_POLICY;
-    unknown.check(object, path, known)?;
-
-    let (value, at) = required(object, path, "maxAttempts", known)?;
-    let max_attempts = parse_max_attempts(value, &at)?;
-
-    let hedging_delay = match field(object, "hedgingDelay") {
-        Some(value) => non_negative_duration(value, &child(path, "hedgingDelay"))?,
-        None => Duration::ZERO,
-    };
-
-    let non_fatal_status_codes = match field(object, "nonFatalStatusCodes") {
-        Some(value) => parse_status_codes(value, &child(path, "nonFatalStatusCodes"), false)?,
-        None => GrpcCodes::empty(),
-    };
-
-    Ok(HedgingPolicyConfig {
-        max_attempts,
-        hedging_delay,
-        non_fatal_status_codes,
-    })
-}
-
-fn parse_name(
-    value: &Value,
-    path: &str,
-    unknown: &mut UnknownKeys,
-) -> Result<MethodName, ConfigError> {
-    let object = object(value, path)?;
-    unknown.check(object, path, fields::NAME)?;
-    let service = match field(object, "service") {
-        Some(value) => string(value, &child(path, "service"))?,
-        None => "",
-    };
-    let method = match field(object, "method") {
-        Some(value) => string(value, &child(path, "method"))?,
-        None => "",
-    };
-    if service.is_empty() && !method.is_empty() {
-        return Err(ConfigError::new(path, Rule::MethodWithoutService));
-    }
-    Ok(MethodName {
-        service: service.to_owned(),
-        method: (!method.is_empty()).then(|| method.to_owned()),
-    })
-}
-
-fn parse_message_bytes(value: &Value, path: &str) -> Result<u64, ConfigError> {
-    match integer(value) {
-        Some(Ok(n)) => Ok(n),
-        _ => Err(ConfigError::got(path, Rule::MessageBytes, value)),
-    }
-}
-
-fn parse_method_config(
-    value: &Value,
-    path: &str,
-    names_seen: &mut usize,
-    unknown: &mut UnknownKeys,
-) -> Result<MethodConfig, ConfigError> {
-    let object = object(value, path)?;
-    unknown.check(object, path, fields::METHOD_CONFIG)?;
-
-    let mut names = Vec::new();
-    if let Some(list) = field(object, "name") {
-        let at = child(path, "name");
-        let list = array(list, &at, "an array of names")?;
-        *names_seen = names_seen.saturating_add(list.len());
-        if *names_seen > MAX_NAMES {
-            return Err(ConfigError::new(at, Rule::TooManyNames { max: MAX_NAMES }));
-        }
-        names.reserve_exact(list.len());
-        for (j, name) in list.iter().enumerate() {
-            names.push(parse_name(name, &format!("{at}[{j}]"), unknown)?);
-        }
-    }
-
-    let policy = match (field(object, "retryPolicy"), field(object, "hedgingPolicy")) {
-        (Some(_), Some(_)) => return Err(ConfigError::new(path, Rule::BothPolicies)),
-        (Some(retry), None) => Some(ConfigPolicy::Retry(parse_retry_policy(
-            retry,
-            &child(path, "retryPolicy"),
-            unknown,
-        )?)),
-        (None, Some(hedging)) => Some(ConfigPolicy::Hedging(parse_hedging_policy(
-            hedging,
-            &child(path, "hedgingPolicy"),
-            unknown,
-        )?)),
-        (None, None) => None,
-    };
-
-    let timeout = field(object, "timeout")
-        .map(|value| non_negative_duration(value, &child(path, "timeout")))
-        .transpose()?;
-
-    let wait_for_ready = field(object, "waitForReady")
-        .map(|value| {
-            value.as_bool().ok_or_else(|| {
-                ConfigError::got(
-                    child(path, "waitForReady"),
-                    Rule::WrongType {
-                        expected: "a boolean",
-                    },
-                    value,
-                )
-            })
-        })
-        .transpose()?;
-
-    let max_request_message_bytes = field(object, "maxRequestMessageBytes")
-        .map(|value| parse_message_bytes(value, &child(path, "maxRequestMessageBytes")))
-        .transpose()?;
-    let max_response_message_bytes = field(object, "maxResponseMessageBytes")
-        .map(|value| parse_message_bytes(value, &child(path, "maxResponseMessageBytes")))
-        .transpose()?;
-
-    Ok(MethodConfig {
-        names,
-        policy,
-        timeout,
-        wait_for_ready,
-        max_request_message_bytes,
-        max_response_message_bytes,
-    })
 }
 
 /// `tokenRatio` in thousandths, digits past the third decimal dropped, saturated to
@@ -452,33 +266,6 @@ fn token_ratio_milli(number: &Number) -> u32 {
     milli
 }
 
-fn parse_throttling(
-    value: &Value,
-    path: &str,
-    unknown: &mut UnknownKeys,
-) -> Result<RetryThrottling, ConfigError> {
-    let object = object(value, path)?;
-    let known = fields::RETRY_THROTTLING;
-    unknown.check(object, path, known)?;
-
-    let (value, at) = required(object, path, "maxTokens", known)?;
-    let max_tokens = match integer(value) {
-        Some(Ok(n @ 1..=1000)) => saturate_u32(n),
-        _ => return Err(ConfigError::got(at, Rule::MaxTokens, value)),
-    };
-
-    let (value, at) = required(object, path, "tokenRatio", known)?;
-    let token_ratio_milli = match value.as_number().map(token_ratio_milli) {
-        Some(milli) if milli > 0 => milli,
-        _ => return Err(ConfigError::got(at, Rule::TokenRatio, value)),
-    };
-
-    Ok(RetryThrottling {
-        max_tokens,
-        token_ratio_milli,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -507,18 +294,29 @@ mod tests {
     }
 
     #[test]
-    fn integers_accept_integral_floats_only() {
-        let int = |json: &str| integer(&serde_json::from_str::<Value>(json).unwrap());
-        assert_eq!(int("2"), Some(Ok(2)));
-        assert_eq!(int("2.0"), Some(Ok(2)));
-        assert_eq!(int("2e0"), Some(Ok(2)));
-        assert_eq!(int("-0"), Some(Ok(0)));
-        assert_eq!(int("-0.0"), Some(Ok(0)));
-        assert_eq!(int("-1"), Some(Err(())));
-        assert_eq!(int("-1.0"), Some(Err(())));
-        assert_eq!(int("2.5"), None);
-        assert_eq!(int("\"2\""), None);
-        assert_eq!(int("1e30"), Some(Ok(u64::MAX)));
-        assert_eq!(int("18446744073709551616"), Some(Ok(u64::MAX)));
+    fn integers_are_numbers_without_fraction_or_decimal_strings() {
+        let int = |json: &str| unsigned(&serde_json::from_str::<Value>(json).unwrap());
+        assert_eq!(int("2"), Ok(2));
+        assert_eq!(int("2.0"), Ok(2));
+        assert_eq!(int("2e0"), Ok(2));
+        assert_eq!(int("-0"), Ok(0));
+        assert_eq!(int("-0.0"), Ok(0));
+        assert_eq!(int("-1"), Err(NotUnsigned::Invalid));
+        assert_eq!(int("-1.0"), Err(NotUnsigned::Invalid));
+        assert_eq!(int("2.5"), Err(NotUnsigned::Invalid));
+        assert_eq!(int("1e30"), Ok(u64::MAX));
+        assert_eq!(int("18446744073709551616"), Ok(u64::MAX));
+        assert_eq!(int("\"2\""), Ok(2));
+        assert_eq!(int("\"007\""), Ok(7));
+        assert_eq!(int("\"99999999999999999999999\""), Ok(u64::MAX));
+        for text in ["\"\"", "\"-1\"", "\"+1\"", "\"1e2\"", "\" 1\"", "\"1.0\""] {
+            assert_eq!(int(text), Err(NotUnsigned::Invalid), "{text}");
+        }
+        for other in ["true", "null", "[]", "{}"] {
+            assert_eq!(int(other), Err(NotUnsigned::WrongType), "{other}");
+        }
+        // The service config's integers are numbers only.
+        assert_eq!(number(&serde_json::json!("2")), None);
+        assert_eq!(number(&serde_json::json!(2)), Some(2));
     }
 }

@@ -54,7 +54,19 @@ impl PolicyOptions {
 
     /// The jitter of every retry policy's backoff (default [`Jitter::GRPC`], ±20 % as
     /// grpc-go, grpc-java and C-core apply it; [`Jitter::Full`] is the 2017 text of A6).
+    ///
+    /// # Panics
+    ///
+    /// If the jitter is a `Proportional` whose fraction is NaN or outside `[0, 1]`, which no
+    /// backoff takes ([`Jitter::proportional`] checks one): a bug in the caller, reported where
+    /// it is, not by policies that would silently be left out.
     pub const fn jitter(mut self, jitter: Jitter) -> PolicyOptions {
+        if let Jitter::Proportional(fraction) = jitter {
+            assert!(
+                fraction >= 0.0 && fraction <= 1.0,
+                "PolicyOptions::jitter: a Proportional jitter's fraction must be in [0, 1]"
+            );
+        }
         self.jitter = jitter;
         self
     }
@@ -192,6 +204,17 @@ impl ServiceConfig {
     }
 }
 
+/// Why the policies of a parsed config build: the parse refused every value the backoff and
+/// the policy builders refuse (`maxAttempts` < 2, backoffs and `perAttemptRecvTimeout` of
+/// zero, a multiplier that is not a finite number > 0), a hedging delay is always given, and
+/// [`PolicyOptions::jitter`] refuses a jitter the backoff would. An error here is a bug
+/// between the parse and the builders: it panics, naming that invariant, rather than drop the
+/// method's policy in silence (its calls would no longer be retried, and nothing would say
+/// why; a `debug_assert!` would still drop it in release builds, where it matters). The
+/// property tests build every generated config.
+const BUILT_ONCE_VALIDATED: &str =
+    "a validated service config builds its policies: the parse checks what the builders check";
+
 /// The layer policy of one method config; a `timeout` alone gives its methods that deadline;
 /// `None` when it has neither a policy nor a timeout.
 fn method_policy(config: &MethodConfig, options: PolicyOptions) -> Option<MethodPolicy> {
@@ -211,7 +234,7 @@ fn method_policy(config: &MethodConfig, options: PolicyOptions) -> Option<Method
                 retry.backoff_multiplier,
                 options.jitter,
             )
-            .ok()?;
+            .expect(BUILT_ONCE_VALIDATED);
             let builder = RetryPolicy::builder()
                 .max_attempts(retry.max_attempts)
                 .backoff(backoff)
@@ -223,7 +246,7 @@ fn method_policy(config: &MethodConfig, options: PolicyOptions) -> Option<Method
             if let Some(timeout) = retry.per_attempt_recv_timeout {
                 builder = builder.per_attempt_timeout(timeout);
             }
-            MethodPolicy::from(builder.build().ok()?)
+            MethodPolicy::from(builder.build().expect(BUILT_ONCE_VALIDATED))
         }
         ConfigPolicy::Hedging(hedging) => {
             // Beyond A6, as for a policy built in code: the default budget on the extra load
@@ -237,7 +260,7 @@ fn method_policy(config: &MethodConfig, options: PolicyOptions) -> Option<Method
             if let Some(timeout) = config.timeout {
                 builder = builder.timeout(timeout);
             }
-            MethodPolicy::from(builder.build().ok()?)
+            MethodPolicy::from(builder.build().expect(BUILT_ONCE_VALIDATED))
         }
     };
     Some(policy)
@@ -332,6 +355,20 @@ mod tests {
             .unwrap()
             .policies();
         assert!(!none.has_throttle());
+    }
+
+    /// A jitter no backoff takes is the caller's bug, reported where it is made, not by
+    /// policies silently left out of the table.
+    #[test]
+    #[should_panic(expected = "a Proportional jitter's fraction must be in [0, 1]")]
+    fn a_jitter_no_backoff_takes_is_refused() {
+        let _ = PolicyOptions::from(Jitter::Proportional(1.5));
+    }
+
+    #[test]
+    #[should_panic(expected = "a Proportional jitter's fraction must be in [0, 1]")]
+    fn a_nan_jitter_is_refused() {
+        let _ = PolicyOptions::new().jitter(Jitter::Proportional(f64::NAN));
     }
 
     #[test]

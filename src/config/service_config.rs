@@ -186,9 +186,11 @@ impl ServiceConfig {
     /// # Ok::<(), tower_retry_hedge::config::ConfigError>(())
     /// ```
     pub fn throttle(&self) -> Option<Throttle> {
-        // Parsing validated the numbers, so `new` accepts them.
         let throttling = self.retry_throttling?;
-        Throttle::new(throttling.max_tokens, throttling.token_ratio()).ok()
+        // The parse checked what `new` checks (`maxTokens` in 1..=1000, a ratio of at least
+        // 0.001): an error is a bug between the two, to see rather than a throttle left out.
+        let throttle = Throttle::new(throttling.max_tokens, throttling.token_ratio());
+        Some(throttle.expect("a validated retry throttling makes a throttle"))
     }
 
     /// `maxRequestMessageBytes` of the method config that applies to a gRPC request path
@@ -246,7 +248,7 @@ impl ServiceConfig {
     /// an equal value: the property tests' way back.
     #[cfg(test)]
     pub(crate) fn to_json(&self) -> String {
-        super::write::service_config_value(self).to_string()
+        super::table::write(super::objects::ROOT, self).to_string()
     }
 
     fn at(&self, slot: Option<Slot>) -> Option<&MethodConfig> {

@@ -1,56 +1,11 @@
-//! Keys gRPC does not define: the fields of each object of a service config, near misses
-//! ("did you mean"), and the [`IgnoredKey`] report of a parse.
+//! Keys gRPC does not define (the fields it defines in each object are in that object's
+//! table), near misses ("did you mean"), and the [`IgnoredKey`] report of a parse.
 
 use std::fmt;
 
 use serde_json::{Map, Value};
 
 use super::{ConfigError, MAX_IGNORED_KEYS, MAX_KEY_CHARS};
-
-/// The fields gRPC defines in each object of a service config
-/// (`grpc/service_config/service_config.proto`, and `perAttemptRecvTimeout`, which
-/// grpc-java and C-core read), whether or not this crate reads them.
-pub(super) mod fields {
-    /// The document.
-    pub(in crate::config) const ROOT: &[&str] = &[
-        "loadBalancingPolicy",
-        "loadBalancingConfig",
-        "methodConfig",
-        "retryThrottling",
-        "healthCheckConfig",
-        "connectionScaling",
-    ];
-    /// An entry of `methodConfig`.
-    pub(in crate::config) const METHOD_CONFIG: &[&str] = &[
-        "name",
-        "waitForReady",
-        "timeout",
-        "maxRequestMessageBytes",
-        "maxResponseMessageBytes",
-        "retryPolicy",
-        "hedgingPolicy",
-    ];
-    /// An entry of `name`.
-    pub(in crate::config) const NAME: &[&str] = &["service", "method"];
-    /// `retryPolicy`.
-    pub(in crate::config) const RETRY_POLICY: &[&str] = &[
-        "maxAttempts",
-        "initialBackoff",
-        "maxBackoff",
-        "backoffMultiplier",
-        "retryableStatusCodes",
-        "perAttemptRecvTimeout",
-    ];
-    /// `hedgingPolicy`.
-    pub(in crate::config) const HEDGING_POLICY: &[&str] =
-        &["maxAttempts", "hedgingDelay", "nonFatalStatusCodes"];
-    /// `retryThrottling`.
-    pub(in crate::config) const RETRY_THROTTLING: &[&str] = &["maxTokens", "tokenRatio"];
-    /// `healthCheckConfig`.
-    pub(in crate::config) const HEALTH_CHECK_CONFIG: &[&str] = &["serviceName"];
-    /// `connectionScaling`.
-    pub(in crate::config) const CONNECTION_SCALING: &[&str] = &["maxConnectionsPerSubchannel"];
-}
 
 /// A key of a service config that gRPC does not define, which the parse ignored (as gRPC
 /// does): where it was, the key, and the field it is a near miss of, if any.
@@ -83,7 +38,7 @@ pub struct IgnoredKey {
 }
 
 impl IgnoredKey {
-    fn new(parent: &str, key: &str, known: &'static [&'static str]) -> IgnoredKey {
+    fn new(parent: &str, key: &str, known: impl Known) -> IgnoredKey {
         IgnoredKey {
             path: key_path(parent, key),
             key: cut(key),
@@ -122,19 +77,37 @@ impl fmt::Display for IgnoredKey {
     }
 }
 
-/// What a parse does with keys gRPC does not define: refuse them (strict), or count them
-/// and keep the first 100.
+/// The fields gRPC defines in one object, by their proto3 JSON names, in its table's order
+/// (the order of near-miss ties), whether or not this crate reads them.
+pub(super) trait Known: Iterator<Item = &'static str> + Clone {}
+
+impl<I: Iterator<Item = &'static str> + Clone> Known for I {}
+
+/// What a parse does with keys gRPC does not define.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) enum Unknown {
+    /// Count them and keep the first 100, for
+    /// [`ServiceConfig::ignored`](super::ServiceConfig::ignored).
+    #[default]
+    Keep,
+    /// Refuse them: a strict parse.
+    Refuse,
+    /// Not even look: outlier detection's JSON, whose other keys gRPC ignores.
+    Ignore,
+}
+
+/// The keys gRPC does not define that a parse met.
 #[derive(Debug, Default)]
 pub(super) struct UnknownKeys {
-    strict: bool,
+    mode: Unknown,
     pub(super) kept: Vec<IgnoredKey>,
     pub(super) count: usize,
 }
 
 impl UnknownKeys {
-    pub(super) fn new(strict: bool) -> UnknownKeys {
+    pub(super) fn new(mode: Unknown) -> UnknownKeys {
         UnknownKeys {
-            strict,
+            mode,
             ..UnknownKeys::default()
         }
     }
@@ -145,13 +118,16 @@ impl UnknownKeys {
         &mut self,
         object: &Map<String, Value>,
         path: &str,
-        known: &'static [&'static str],
+        known: impl Known,
     ) -> Result<(), ConfigError> {
+        if self.mode == Unknown::Ignore {
+            return Ok(());
+        }
         for key in object.keys() {
-            if known.contains(&key.as_str()) {
+            if known.clone().any(|field| field == key) {
                 continue;
             }
-            if self.strict {
+            if self.mode == Unknown::Refuse {
                 return Err(ConfigError::unknown_field(
                     key_path(path, key),
                     suggest(key, known),
@@ -159,7 +135,7 @@ impl UnknownKeys {
             }
             self.count = self.count.saturating_add(1);
             if self.kept.len() < MAX_IGNORED_KEYS {
-                self.kept.push(IgnoredKey::new(path, key, known));
+                self.kept.push(IgnoredKey::new(path, key, known.clone()));
             }
         }
         Ok(())
@@ -171,21 +147,21 @@ impl UnknownKeys {
 /// cut to 64 characters.
 pub(super) fn near_miss(
     object: &Map<String, Value>,
-    known: &'static [&'static str],
+    known: impl Known,
     missing: &'static str,
 ) -> Option<String> {
     object
         .keys()
-        .filter(|key| !known.contains(&key.as_str()))
+        .filter(|key| !known.clone().any(|field| field == *key))
         .take(MAX_IGNORED_KEYS)
-        .find(|key| suggest(key, known) == Some(missing))
+        .find(|key| suggest(key, known.clone()) == Some(missing))
         .map(|key| cut(key))
 }
 
 /// The field of `known` nearest to `key` (edit distance, ignoring ASCII case), if at most
 /// `max(1, chars / 3)` edits away; the first in `known` on a tie. `None` for keys longer
 /// than 64 characters, which no field name comes near.
-fn suggest(key: &str, known: &'static [&'static str]) -> Option<&'static str> {
+fn suggest(key: &str, known: impl Known) -> Option<&'static str> {
     // Four bytes per character at most: no need to count the characters of a longer key.
     if key.len() > 4 * MAX_KEY_CHARS {
         return None;
@@ -196,8 +172,7 @@ fn suggest(key: &str, known: &'static [&'static str]) -> Option<&'static str> {
     }
     let max = (chars / 3).max(1);
     known
-        .iter()
-        .map(|field| (distance(key, field), *field))
+        .map(|field| (distance(key, field), field))
         .filter(|(d, _)| *d <= max)
         .min_by_key(|(d, _)| *d)
         .map(|(_, field)| field)
@@ -283,6 +258,8 @@ impl fmt::Display for Listing<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::objects::{HEDGING_POLICY, METHOD_CONFIG, NAME, RETRY_POLICY, ROOT};
+    use crate::config::table::keys;
 
     #[test]
     fn distance_ignores_ascii_case() {
@@ -296,7 +273,7 @@ mod tests {
 
     #[test]
     fn near_misses_are_suggested_and_others_are_not() {
-        let suggest = |key| suggest(key, fields::RETRY_POLICY);
+        let suggest = |key| suggest(key, keys(RETRY_POLICY));
         assert_eq!(suggest("maxAttempt"), Some("maxAttempts"));
         assert_eq!(suggest("MaxAttempts"), Some("maxAttempts"));
         assert_eq!(suggest("max_attempts"), Some("maxAttempts"));
@@ -306,12 +283,12 @@ mod tests {
         assert_eq!(suggest("x"), None);
         assert_eq!(suggest(""), None);
         assert_eq!(
-            super::suggest("hedgeDelay", fields::HEDGING_POLICY),
+            super::suggest("hedgeDelay", keys(HEDGING_POLICY)),
             Some("hedgingDelay")
         );
-        assert_eq!(super::suggest("methdo", fields::NAME), Some("method"));
+        assert_eq!(super::suggest("methdo", keys(NAME)), Some("method"));
         assert_eq!(
-            super::suggest("retry_policy", fields::METHOD_CONFIG),
+            super::suggest("retry_policy", keys(METHOD_CONFIG)),
             Some("retryPolicy")
         );
         // Too long to be a near miss of anything: not even compared.
@@ -343,7 +320,7 @@ mod tests {
     #[test]
     fn the_listing_is_bounded() {
         let kept: Vec<IgnoredKey> = (0..20)
-            .map(|i| IgnoredKey::new("", &format!("k{i}"), fields::ROOT))
+            .map(|i| IgnoredKey::new("", &format!("k{i}"), keys(ROOT)))
             .collect();
         let listing = Listing {
             kept: &kept,

@@ -2,8 +2,9 @@
 
 use std::time::Duration;
 
+use crate::backoff::Jitter;
 use crate::classify::{Code, GrpcCodes};
-use crate::config::{ConfigPolicy, ServiceConfig, format_duration, parse_duration};
+use crate::config::{ConfigPolicy, PolicyOptions, ServiceConfig, format_duration, parse_duration};
 use proptest::prelude::*;
 use serde_json::{Value, json};
 
@@ -302,6 +303,41 @@ proptest! {
         prop_assert_eq!(again.to_json(), written);
     }
 
+    /// Whatever the parse validates, the layers' policies and the throttle build from (they
+    /// `expect` it): every policy, with every jitter and `perAttemptRecvTimeout` or not.
+    #[test]
+    fn every_validated_config_builds_its_policies(
+        (configs, throttling) in config(),
+        per_attempt in prop::option::of(duration(1)),
+        jitter in prop::sample::select(vec![
+            Jitter::GRPC, Jitter::Full, Jitter::Equal, Jitter::None,
+            Jitter::Proportional(0.0), Jitter::Proportional(1.0),
+        ]),
+    ) {
+        let mut value: Value = serde_json::from_str(&to_json(&configs, throttling)).unwrap();
+        if let Some(timeout) = per_attempt {
+            for entry in value["methodConfig"].as_array_mut().unwrap() {
+                if let Some(policy) = entry.get_mut("retryPolicy") {
+                    policy["perAttemptRecvTimeout"] = json!(format_duration(timeout));
+                }
+            }
+        }
+        let config = ServiceConfig::from_value(&value).map_err(|e| TestCaseError::fail(format!("{e}\n{value}")))?;
+        prop_assert_eq!(config.throttle().is_some(), throttling.is_some());
+        let policies = config.policies_builder_with(PolicyOptions::new().jitter(jitter)).build();
+        prop_assert_eq!(policies.has_throttle(), throttling.is_some());
+        for method_config in config.method_configs() {
+            let has_policy = method_config.policy.is_some()
+                || method_config.timeout.is_some()
+                || method_config.wait_for_ready == Some(true);
+            for name in method_config.names.iter().filter(|name| name.method.is_some()) {
+                let path = format!("/{}/{}", name.service, name.method.as_deref().unwrap_or_default());
+                let found = policies.lookup(&http::Method::POST, &path);
+                prop_assert_eq!(found.is_some(), has_policy, "{}", path);
+            }
+        }
+    }
+
     #[test]
     fn durations_format_and_parse_back(seconds in 0..=MAX_DURATION_SECONDS, nanos in 0..1_000_000_000u32) {
         let duration = Duration::new(seconds, nanos);
@@ -353,7 +389,11 @@ proptest! {
         let mut value: Value = serde_json::from_str(&to_json(&configs, throttling)).unwrap();
         replace_field(&mut value, field, &replacement);
         match ServiceConfig::from_value(&value) {
-            Ok(config) => prop_assert_eq!(ServiceConfig::from_json(&config.to_json()).unwrap(), config),
+            Ok(config) => {
+                // What parses, builds (the layers `expect` it).
+                let _ = (config.policies(), config.throttle());
+                prop_assert_eq!(ServiceConfig::from_json(&config.to_json()).unwrap(), config);
+            }
             Err(error) => {
                 let path = error.path();
                 prop_assert!(path.starts_with("methodConfig") || path.starts_with("retryThrottling"), "{}", path);
