@@ -25,6 +25,9 @@ use crate::engine::{
 };
 use crate::telemetry::CallTrace;
 
+/// The reader id no attempt holds: a commit to it cuts off every attempt in flight.
+const NO_READER: u64 = u64::MAX;
+
 /// What the loop holds of a driver's IO, and what it needs of it when the call is dropped.
 pub(crate) trait Io {
     /// An attempt in flight, as the driver started it.
@@ -99,7 +102,7 @@ pub(crate) enum Ended {
     AttemptTimedOut,
     /// The call's deadline passed after this many sends.
     DeadlineExceeded(u32),
-    /// The engine ended the call with no failure kept, which it never does: a bug.
+    /// The engine ended the call with no failure kept, which it should never do: a bug.
     NoAnswer,
 }
 
@@ -193,6 +196,18 @@ impl<D: Io> Drive<D> {
                 io,
             }),
         }
+    }
+}
+
+impl<D: Io> Drive<D> {
+    /// The call's span (a disabled one when tracing does not enable it), for work of the call
+    /// done outside the loop.
+    pub(crate) fn span(&self) -> tracing::Span {
+        self.state
+            .trace
+            .call()
+            .cloned()
+            .unwrap_or_else(tracing::Span::none)
     }
 }
 
@@ -314,10 +329,11 @@ fn act<D: Attempts>(
                     }
                 }
                 let Some((body, reader)) = state.io.copy_body() else {
-                    // The body outgrew the buffer as it was copied.
-                    if let Some(reader) = state.io.committed_reader() {
-                        state.engine.on_commit(reader);
-                    }
+                    // The body committed itself as it was copied. One that gives no copy and
+                    // names no reader breaks its contract ([`crate::body::Copies::copy`]):
+                    // committed to none, the call ends rather than ask for a copy forever.
+                    let reader = state.io.committed_reader().unwrap_or(NO_READER);
+                    state.engine.on_commit(reader);
                     return Some(Progress::Again);
                 };
                 let (id, headers) = state.engine.on_sent(send, reader, inputs);
@@ -335,10 +351,7 @@ fn act<D: Attempts>(
                 stop_attempts(this, |a| a != id);
                 let state = &mut **this.state;
                 state.trace.timed_out(id);
-                let timed_out = state.io.ended(Ended::AttemptTimedOut);
-                if let Some(earlier) = state.later().last.replace(timed_out) {
-                    state.io.discard(earlier);
-                }
+                state.later().last = Some(state.io.ended(Ended::AttemptTimedOut));
             }
             Action::End(end, marks) => {
                 stop_attempts(this, |_| false);
@@ -346,14 +359,10 @@ fn act<D: Attempts>(
                 let last = state.later.take().and_then(|later| later.last);
                 let answer = match end {
                     End::Last(_) => last.unwrap_or_else(|| state.io.ended(Ended::NoAnswer)),
-                    End::DeadlineExceeded => {
-                        if let Some(last) = last {
-                            state.io.discard(last);
-                        }
-                        state
-                            .io
-                            .ended(Ended::DeadlineExceeded(marks.attempts.sent()))
-                    }
+                    // A failure kept is dropped, uncounted, as before the one loop.
+                    End::DeadlineExceeded => state
+                        .io
+                        .ended(Ended::DeadlineExceeded(marks.attempts.sent())),
                 };
                 return Some(Progress::Done(state.io.finish(answer, marks)));
             }

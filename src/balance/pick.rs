@@ -33,10 +33,10 @@ pub(crate) trait Candidates {
 }
 
 /// Picks a ready endpoint by index: of two drawn at random, the one with the lower load (the
-/// first drawn on a tie). Ejected endpoints are not drawn
-/// while another is ready; among the rest, only endpoints whose id is not in `tried` are drawn,
-/// or all of them when each was tried — but a `hedge` whose call tried each one in rotation
-/// goes to an ejected one it has not tried, if one is ready. `None` when no endpoint is ready.
+/// first drawn on a tie). Ejected endpoints are not drawn while another is ready; among the
+/// rest, only endpoints whose id is not in `tried` are drawn, or all of them when each was
+/// tried — but a `hedge` whose call tried each one in rotation goes to an ejected one it has
+/// not tried, if one is ready. `None` when no endpoint is ready.
 pub(crate) fn pick<C: Candidates>(
     candidates: &C,
     tried: &[BackendId],

@@ -134,10 +134,15 @@ pub(super) struct Record {
     chunks: Chunks,
     /// The number of the oldest chunk held.
     first: usize,
-    /// Bytes ever recorded by this call: checked against the per-call limit, and the byte
-    /// offset in the body of the end of the last recorded chunk.
+    /// Bytes ever recorded by this call: the byte offset in the body of the end of the last
+    /// recorded chunk.
     recorded: usize,
-    /// Bytes currently held, all of them reserved from the budget.
+    /// What the call has charged against the per-call limit: the bytes recorded, and
+    /// `overhead` for each chunk.
+    charged: usize,
+    /// What a chunk costs beyond its bytes (see [`Record::charge_per_chunk`]).
+    overhead: usize,
+    /// What the chunks held cost, all of it reserved from the budget.
     held: usize,
     limits: BufferLimits,
 }
@@ -185,9 +190,18 @@ impl Record {
             chunks: Chunks::default(),
             first: 0,
             recorded: 0,
+            charged: 0,
+            overhead: 0,
             held: 0,
             limits,
         }
+    }
+
+    /// Charges every chunk recorded from now on `overhead` beside its bytes, so that the
+    /// limits bound a record of many small chunks (empty messages, each one a chunk) as well
+    /// as a record of many bytes.
+    pub(super) fn charge_per_chunk(&mut self, overhead: usize) {
+        self.overhead = overhead;
     }
 
     /// The number the next recorded chunk will get.
@@ -207,7 +221,7 @@ impl Record {
             .and_then(|i| self.chunks.get(i))
     }
 
-    /// Bytes currently held (and reserved from the budget).
+    /// What the chunks held cost (reserved from the budget).
     #[cfg(test)]
     pub(super) fn held(&self) -> usize {
         self.held
@@ -216,16 +230,18 @@ impl Record {
     /// Records `chunk` if both limits allow it; otherwise records nothing.
     pub(super) fn try_push(&mut self, chunk: &Bytes) -> Result<(), Overflow> {
         let len = chunk.len();
-        let recorded = match self.recorded.checked_add(len) {
-            Some(recorded) if recorded <= self.limits.per_call => recorded,
+        let cost = len.saturating_add(self.overhead);
+        let charged = match self.charged.checked_add(cost) {
+            Some(charged) if charged <= self.limits.per_call => charged,
             _ => return Err(Overflow::PerCall),
         };
-        if !self.limits.try_reserve(len) {
+        if !self.limits.try_reserve(cost) {
             return Err(Overflow::Total);
         }
-        self.recorded = recorded;
-        // `held <= recorded`, so this cannot overflow either.
-        self.held = self.held.saturating_add(len);
+        self.charged = charged;
+        // `recorded <= charged` and `held <= charged`, so these cannot overflow either.
+        self.recorded = self.recorded.saturating_add(len);
+        self.held = self.held.saturating_add(cost);
         self.chunks.push_back(chunk.clone());
         Ok(())
     }
@@ -236,7 +252,7 @@ impl Record {
         while self.first < index {
             match self.chunks.pop_front() {
                 Some(chunk) => {
-                    freed = freed.saturating_add(chunk.len());
+                    freed = freed.saturating_add(chunk.len().saturating_add(self.overhead));
                     self.first = self.first.saturating_add(1);
                 }
                 None => break,

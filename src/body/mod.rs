@@ -219,7 +219,7 @@ struct SourceState<B> {
     /// The call committed when the record held the whole body: every reader may still send
     /// it, and the record is kept until the last reader is dropped.
     kept: bool,
-    /// Empty data frames are recorded too (see [`ReplayBody::records_empty_frames`]).
+    /// Empty data frames are recorded too (see [`ReplayBody::records_messages`]).
     records_empty: bool,
     /// The reader the call is committed to, once it is.
     commit: Option<Commit>,
@@ -403,11 +403,18 @@ where
 }
 
 impl<B> ReplayBody<B> {
-    /// Records empty data frames too, for a source whose every frame is a message (the
-    /// `grpc` interceptor's): an empty message is a message, which a replay must send.
+    /// Records a source whose every frame is a message (the `grpc` interceptor's): empty
+    /// frames too (an empty message is a message, which a replay must send), each charged
+    /// gRPC's 5-byte frame header beside its bytes, so that the limits bound a stream of
+    /// empty messages as they bound the bytes on the wire.
     #[cfg(feature = "grpc")]
-    pub(crate) fn records_empty_frames(self) -> Self {
-        self.shared.lock().records_empty = true;
+    pub(crate) fn records_messages(self) -> Self {
+        /// A gRPC message's header on the wire: a flag byte and a 4-byte length.
+        const MESSAGE_HEADER: usize = 5;
+        let mut state = self.shared.lock();
+        state.records_empty = true;
+        state.record.charge_per_chunk(MESSAGE_HEADER);
+        drop(state);
         self
     }
 

@@ -27,8 +27,10 @@ impl Engine {
             .is_some_and(|t| attempt.send <= t.timed_out_through)
             && !matches!(outcome, Outcome::Success | Outcome::Fatal(_))
         {
-            // Its timeout was counted as its failure already.
-            return Verdict::Drop;
+            // Its timeout was counted as its failure already (hedging on per-attempt timeout,
+            // which lets it run on): not again; but its answer is the failure the call ends
+            // with, if it ends with none better, rather than none at all.
+            return self.keep(attempt);
         }
         if !matches!(outcome, Outcome::NotSent)
             && let Some(retry_state) = &mut self.retry_state

@@ -19,6 +19,7 @@ use http::{HeaderMap, StatusCode};
 use http_body_util::BodyExt;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
+use tracing::Instrument;
 
 use super::Handles;
 use super::message::Messages;
@@ -173,15 +174,21 @@ pub(super) async fn run<I>(
     I::SendStream: Send,
     I::RecvStream: Send,
 {
-    let Some(mut decision) = decide(call, &mut decided).await else {
-        return;
-    };
-    let sender = decision.sender.take();
-    if decided.send(decision).is_ok()
-        && let Some(sender) = sender
-    {
-        sender.await;
+    // The answer's sender runs in the call's span too, as the loop does.
+    let span = call.span();
+    async move {
+        let Some(mut decision) = decide(call, &mut decided).await else {
+            return;
+        };
+        let sender = decision.sender.take();
+        if decided.send(decision).is_ok()
+            && let Some(sender) = sender
+        {
+            sender.await;
+        }
     }
+    .instrument(span)
+    .await
 }
 
 /// The call's decision; `None` if the application dropped its receive stream first. The

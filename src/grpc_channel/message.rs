@@ -1,7 +1,7 @@
 //! The application's messages as a request body that [`ReplayBody`](crate::body::ReplayBody)
 //! can record and replay: one data frame per message, as the encoder gave it, which the
 //! record keeps as it is (empty messages too: see
-//! [`records_empty_frames`](crate::body::ReplayBody::records_empty_frames)). Each attempt
+//! [`records_messages`](crate::body::ReplayBody::records_messages)). Each attempt
 //! sends every frame it reads as one message: nothing to frame, nothing to split again.
 
 use std::convert::Infallible;
@@ -67,14 +67,43 @@ mod tests {
         let limits = BufferLimits::new(4096, 1 << 20);
         let mut first = ReplayBody::try_new_unpin(Messages::new(receiver), &limits)
             .unwrap_or_else(|_| panic!("within the limits"))
-            .records_empty_frames();
+            .records_messages();
         let mut second = first.clone();
         assert_eq!(frames(&mut first).await, messages);
         let replayed = frames(&mut second).await;
         assert_eq!(replayed, messages);
         // The record's own `Bytes`: no copy per attempt.
         assert_eq!(replayed[2].as_ptr(), messages[2].as_ptr());
-        // Message bytes only count toward the limits.
-        assert_eq!(limits.in_use(), 1005);
+        // Each message's bytes and its 5-byte gRPC header count toward the limits.
+        assert_eq!(limits.in_use(), 1005 + 4 * 5);
+    }
+
+    #[tokio::test]
+    async fn a_stream_of_empty_messages_is_bounded_by_the_limits() {
+        let (sender, receiver) = mpsc::channel(64);
+        // 50 bytes per call: ten empty messages fit (5 bytes each), the eleventh does not.
+        let limits = BufferLimits::new(50, 1 << 20);
+        let mut first = ReplayBody::try_new_unpin(Messages::new(receiver), &limits)
+            .unwrap_or_else(|_| panic!("within the limits"))
+            .records_messages();
+        for _ in 0..11 {
+            sender.try_send(Bytes::new()).expect("room");
+        }
+        drop(sender);
+        let sent = frames(&mut first).await;
+        assert_eq!(
+            sent.len(),
+            11,
+            "the reader that pulled them sends every message"
+        );
+        assert!(
+            first.is_committed(),
+            "the eleventh empty message commits the call"
+        );
+        assert_eq!(
+            limits.in_use(),
+            0,
+            "committed to the reader at the end: all freed"
+        );
     }
 }

@@ -8,8 +8,8 @@
 //!
 //! - **Replay per message**, as A6 describes it. The messages the application sends are kept
 //!   encoded, one by one (as the `Bytes` the encoder gives, without a copy when it gives
-//!   `Bytes`; empty messages too), within the table's [`BufferLimits`], which count their
-//!   bytes; each new attempt is sent every message so far, byte for byte and as it was cut,
+//!   `Bytes`; empty messages too), within the table's [`BufferLimits`], which count each
+//!   message's bytes and its 5-byte gRPC header; each new attempt is sent every message so far, byte for byte and as it was cut,
 //!   then the rest as they come. A message that
 //!   would take the call past a limit commits it to the attempt that sends it: the others
 //!   are cancelled and no new attempt starts.
@@ -206,7 +206,7 @@ where
         let (sender, receiver) = mpsc::channel(QUEUED_MESSAGES);
         let limits = self.handles.policies.buffer_limits();
         let body = match ReplayBody::try_new_unpin(Messages::new(receiver), limits) {
-            Ok(body) => body.records_empty_frames(),
+            Ok(body) => body.records_messages(),
             // Only a body whose size hint is over the limits is refused, and a message
             // stream's hint is 0; were it refused, the call would still go, once.
             Err(_) => {

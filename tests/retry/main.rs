@@ -875,3 +875,111 @@ async fn calls_without_a_policy_pass_through_when_transparent_retries_are_off() 
         assert_no_more_attempts(&mut handle).await;
     }
 }
+
+/// A body whose copies break the [`Copies`] contract: no copy for a second attempt, and yet
+/// no reader it says it committed to.
+struct Uncopyable(Full<Bytes>);
+
+impl http_body::Body for Uncopyable {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.0).poll_frame(cx)
+    }
+}
+
+struct FirstOnly {
+    bytes: Bytes,
+    /// How often a copy was asked for.
+    asked: Arc<AtomicUsize>,
+}
+
+impl tower_retry_hedge::body::Copies<Uncopyable> for FirstOnly {
+    fn first(&self) -> (Uncopyable, u64) {
+        (Uncopyable(Full::new(self.bytes.clone())), 0)
+    }
+
+    fn copy(&self) -> Option<(Uncopyable, u64)> {
+        let asked = self.asked.fetch_add(1, Ordering::SeqCst) + 1;
+        // A driver that asks again at once spins inside one poll: fail rather than hang.
+        assert!(asked < 100, "a copy was asked for {asked} times");
+        None
+    }
+
+    fn is_committed(&self) -> bool {
+        false
+    }
+
+    fn committed_reader(&self) -> Option<u64> {
+        None
+    }
+
+    fn commit(&self, _: u64) -> bool {
+        true
+    }
+
+    fn poll_committed(&self, _: &mut std::task::Context<'_>) -> std::task::Poll<u64> {
+        std::task::Poll::Pending
+    }
+}
+
+thread_local! {
+    /// Where the copies of the test's body count the copies asked for.
+    static ASKED: Arc<AtomicUsize> = Arc::new(AtomicUsize::new(0));
+}
+
+impl tower_retry_hedge::body::Replay for Uncopyable {
+    type Copies = FirstOnly;
+
+    fn prepare(self, _: &tower_retry_hedge::body::BufferLimits) -> Result<FirstOnly, Uncopyable> {
+        Ok(FirstOnly {
+            bytes: Bytes::from_static(b"once"),
+            asked: ASKED.with(Arc::clone),
+        })
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_body_that_gives_no_copy_and_names_no_reader_ends_the_call_instead_of_spinning() {
+    let sent = Arc::new(AtomicUsize::new(0));
+    let service = tower::service_fn({
+        let sent = Arc::clone(&sent);
+        move |_: Request<Uncopyable>| {
+            sent.fetch_add(1, Ordering::SeqCst);
+            async {
+                let mut response = Response::new(Full::new(Bytes::new()));
+                *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+                Ok::<_, BoxError>(response)
+            }
+        }
+    });
+    let policy = RetryPolicy::builder()
+        .max_attempts(3)
+        .retryable(HttpStatuses::default())
+        .build()
+        .unwrap();
+    let policies = Policies::builder()
+        .route(Route::prefix("/"), policy)
+        .build();
+    let mut client = RetryLayer::new(policies).layer(service);
+    // PUT: idempotent, so its failure may be retried.
+    let request = Request::put("http://test/upload")
+        .body(Uncopyable(Full::new(Bytes::from_static(b"once"))))
+        .unwrap();
+
+    // Before the fix, the driver asked the body for a copy, got none, and asked again at once,
+    // forever, inside one poll: the call never returned.
+    let response = client.ready().await.unwrap().call(request).await.unwrap();
+
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        sent.load(Ordering::SeqCst),
+        1,
+        "no second attempt without a copy"
+    );
+    assert_eq!(ASKED.with(|asked| asked.load(Ordering::SeqCst)), 1);
+}

@@ -370,8 +370,8 @@ impl Detector {
 
     /// Ejects the backends whose run of failures reached the limit, if another backend in
     /// rotation does well, its successes in the current interval outnumbering its failures (a
-    /// run of failures everywhere is not an outlier). A run no backend vouches for is looked at again at each
-    /// poll, until one does or a success ends the run.
+    /// run of failures everywhere is not an outlier). A run no backend vouches for is looked
+    /// at again at each poll, until one does or a success ends the run.
     fn trips(&mut self, now: Instant) {
         self.unvouched = false;
         for index in 0..self.records.len() {

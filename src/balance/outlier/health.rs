@@ -72,7 +72,13 @@ impl Failures {
         let result = AttemptResult::Response { status, headers };
         if header_status(headers).is_none() {
             if !is_grpc_content_type(headers.get(http::header::CONTENT_TYPE)) {
-                return HeadScore::Settled(Score::of(self.http.classify(result)));
+                // 425 Too Early is a refusal to the layers (resent as it is), but it speaks of
+                // the request's early data, not of the backend: only 5xx and 429 fail.
+                let score = match self.http.classify(result) {
+                    Outcome::Refused => Score::Success,
+                    outcome => Score::of(outcome),
+                };
+                return HeadScore::Settled(score);
             }
             if status == StatusCode::OK {
                 return HeadScore::Trailers;
@@ -320,6 +326,7 @@ mod tests {
         assert_eq!(head(500, &[]), failed);
         assert_eq!(head(599, &[]), failed);
         assert_eq!(head(429, &[]), failed);
+        assert_eq!(head(425, &[]), succeeded);
         assert_eq!(head(404, &[]), succeeded);
         assert_eq!(head(200, &[]), succeeded);
         // The trailers of a begun response.

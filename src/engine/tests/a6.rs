@@ -448,15 +448,46 @@ fn hedging_on_the_per_attempt_timeout_keeps_the_slow_attempt() {
     };
     assert!(send.hedge);
     let second = sent(&mut engine, send, t0() + ms(50));
-    // The slow first attempt's retryable answer was counted when it timed out.
+    // The slow first attempt's retryable answer was counted when it timed out: it is only
+    // kept, to be returned if nothing better comes.
     assert_eq!(
         answer(&mut engine, AttemptId::FIRST, RETRYABLE, t0() + ms(60)),
-        Verdict::Drop
+        Verdict::Keep
     );
     assert_eq!(
         answer(&mut engine, second, Outcome::Success, t0() + ms(70)),
         Verdict::Return
     );
+}
+
+#[test]
+fn hedging_on_the_per_attempt_timeout_ends_with_the_last_slow_failure() {
+    let policy = retry_policy(|b| {
+        b.max_attempts(2)
+            .per_attempt_timeout(ms(50))
+            .hedge_on_per_attempt_timeout(true)
+    });
+    let mut engine = retry_engine(policy, None);
+    poll(&mut engine, t0());
+    let Action::Send(send) = poll(&mut engine, t0() + ms(50)) else {
+        panic!("hedged at once")
+    };
+    let second = sent(&mut engine, send, t0() + ms(50));
+    poll(&mut engine, t0() + ms(100));
+    // Both attempts timed out, and then failed: the call ends with the last failure, which
+    // the driver kept, not with none at all.
+    assert_eq!(
+        answer(&mut engine, AttemptId::FIRST, RETRYABLE, t0() + ms(110)),
+        Verdict::Keep
+    );
+    assert_eq!(
+        answer(&mut engine, second, RETRYABLE, t0() + ms(120)),
+        Verdict::Keep
+    );
+    let Action::End(End::Last(last), _) = poll(&mut engine, t0() + ms(120)) else {
+        panic!("the call ends")
+    };
+    assert_eq!(last, second);
 }
 
 /// The retry policy of `p.S` from a service config with a `perAttemptRecvTimeout` of
