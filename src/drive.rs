@@ -34,6 +34,10 @@ pub(crate) trait Io {
     type Attempt;
     /// How an attempt answered.
     type Answer;
+    /// What the IO keeps for the attempts after the first (the tower layer's own clone of
+    /// its service): made, with the rest of what those attempts need, only when the call
+    /// sends a second attempt.
+    type Later: Default;
 
     /// Where the call's books go (see [`Books`]).
     fn books(&self) -> Books<'_>;
@@ -52,7 +56,11 @@ pub(crate) trait Attempts: Io + CommitBody {
 
     /// Whether an attempt can be sent now: `Err` with the answer the call ends with when the
     /// service failed (the engine decides whether it does).
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Answer>>;
+    fn poll_ready(
+        &mut self,
+        later: &mut Self::Later,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<(), Self::Answer>>;
 
     /// A copy of the body for a new attempt, and the id of its reader; `None` when no new
     /// attempt may start (the body committed itself, or could be sent only once).
@@ -62,6 +70,7 @@ pub(crate) trait Attempts: Io + CommitBody {
     /// gave it.
     fn start(
         &mut self,
+        later: &mut Self::Later,
         body: Self::Copy,
         id: AttemptId,
         hedge: bool,
@@ -71,7 +80,8 @@ pub(crate) trait Attempts: Io + CommitBody {
     /// Polls an attempt for its answer.
     fn poll_attempt(attempt: Pin<&mut Self::Attempt>, cx: &mut Context<'_>) -> Poll<Self::Answer>;
 
-    /// An answer as the engine reads it.
+    /// An answer as the engine reads it. Called once per answer, so the IO may count what it
+    /// sees there (the tower layer counts an attempt a reset guard of `h2` failed).
     fn read<'a>(&'a self, answer: &'a Self::Answer) -> AttemptResult<'a>;
 
     /// Stops attempt `id`, which the call no longer needs; `attempt` is its future, when it
@@ -153,6 +163,7 @@ struct Later<D: Io> {
     attempts: Vec<(AttemptId, Pin<Box<D::Attempt>>)>,
     // The last failure kept, returned if nothing better comes.
     last: Option<D::Answer>,
+    io: D::Later,
 }
 
 impl<D: Io> State<D> {
@@ -164,10 +175,18 @@ impl<D: Io> State<D> {
 
     /// What the call keeps beyond its first attempt, made when it first needs it.
     fn later(&mut self) -> &mut Later<D> {
-        self.later.get_or_insert_with(|| {
+        Later::of(&mut self.later)
+    }
+}
+
+impl<D: Io> Later<D> {
+    /// What the call keeps in `slot` beyond its first attempt, made when it first needs it.
+    fn of(slot: &mut Option<Box<Later<D>>>) -> &mut Later<D> {
+        slot.get_or_insert_with(|| {
             Box::new(Later {
                 attempts: Vec::new(),
                 last: None,
+                io: D::Later::default(),
             })
         })
     }
@@ -309,7 +328,8 @@ fn act<D: Attempts>(
                     state.engine.on_commit(reader);
                     return Some(Progress::Again);
                 }
-                let (readiness, failure) = match state.io.poll_ready(cx) {
+                let later = Later::of(&mut state.later);
+                let (readiness, failure) = match state.io.poll_ready(&mut later.io, cx) {
                     Poll::Ready(Ok(())) => (Readiness::Ready, None),
                     Poll::Pending => (Readiness::Pending, None),
                     Poll::Ready(Err(answer)) => (Readiness::Failed, Some(answer)),
@@ -337,8 +357,9 @@ fn act<D: Attempts>(
                     return Some(Progress::Again);
                 };
                 let (id, headers) = state.engine.on_sent(send, reader, inputs);
-                let attempt = state.io.start(body, id, send.hedge, headers);
-                state.later().attempts.push((id, Box::pin(attempt)));
+                let later = Later::of(&mut state.later);
+                let attempt = state.io.start(&mut later.io, body, id, send.hedge, headers);
+                later.attempts.push((id, Box::pin(attempt)));
                 state.trace.sent(id, Some(send));
                 return Some(Progress::Again);
             }

@@ -158,7 +158,13 @@ where
         deadline: start.deadline,
         no_headers: HeaderMap::new(),
     };
-    let first = io.start(first_reader, AttemptId::FIRST, false, first_headers);
+    let first = io.start(
+        &mut (),
+        first_reader,
+        AttemptId::FIRST,
+        false,
+        first_headers,
+    );
     // Boxed already: the first attempt is stopped by dropping it, as every other.
     Drive::new(first, false, engine, span, io)
 }
@@ -215,6 +221,8 @@ where
 impl<I: Invoke> Io for GrpcIo<I> {
     type Attempt = Attempt<I::RecvStream>;
     type Answer = Answer<I::RecvStream>;
+    /// Nothing: every attempt is started on the channel itself.
+    type Later = ();
 
     fn books(&self) -> Books<'_> {
         Books {
@@ -253,7 +261,7 @@ where
     type Output = Answer<I::RecvStream>;
 
     /// The channel is always ready: it queues an RPC until it has a connection.
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Answer>> {
+    fn poll_ready(&mut self, _: &mut (), _: &mut Context<'_>) -> Poll<Result<(), Self::Answer>> {
         Poll::Ready(Ok(()))
     }
 
@@ -270,6 +278,7 @@ where
     /// headers the engine gave it.
     fn start(
         &mut self,
+        _: &mut (),
         reader: ReplayBody<Messages>,
         _: AttemptId,
         _: bool,

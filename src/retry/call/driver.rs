@@ -45,9 +45,6 @@ pub(crate) struct LayerIo<S, B: Replay> {
     /// The route the call took (its place in the policy table), whose name its statistics
     /// are kept under (else its path).
     pub(super) route: Option<usize>,
-    /// A clone of the spare service, for the attempts after the first: polled ready only
-    /// when an attempt is due, so a pending attempt holds no capacity.
-    pub(super) service: Option<S>,
 }
 
 impl<S, B> Io for LayerIo<S, B>
@@ -57,6 +54,9 @@ where
 {
     type Attempt = S::Future;
     type Answer = Result<S::Response, BoxError>;
+    /// A clone of the spare service, for the attempts after the first: polled ready only
+    /// when an attempt is due, so a pending attempt holds no capacity.
+    type Later = Option<S>;
 
     fn books(&self) -> Books<'_> {
         Books {
@@ -95,11 +95,16 @@ where
 
     /// Polls the call's own service (a clone of the layer's spare) ready. A service that
     /// failed is not polled again.
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Answer>> {
-        let service = self.service.get_or_insert_with(|| self.shared.service());
-        let ready = service.poll_ready(cx);
+    fn poll_ready(
+        &mut self,
+        service: &mut Option<S>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<(), Self::Answer>> {
+        let ready = service
+            .get_or_insert_with(|| self.shared.service())
+            .poll_ready(cx);
         if matches!(ready, Poll::Ready(Err(_))) {
-            self.service = None;
+            *service = None;
         }
         ready.map_err(|error| Err(error.into()))
     }
@@ -108,9 +113,16 @@ where
         self.call.copy_body()
     }
 
-    fn start(&mut self, body: B, id: AttemptId, hedge: bool, headers: AttemptHeaders) -> S::Future {
+    fn start(
+        &mut self,
+        service: &mut Option<S>,
+        body: B,
+        id: AttemptId,
+        hedge: bool,
+        headers: AttemptHeaders,
+    ) -> S::Future {
         let request = self.call.request(body, id, hedge, headers);
-        let service = self.service.as_mut().expect("polled ready before a send");
+        let service = service.as_mut().expect("polled ready before a send");
         super::sending(|| service.call(request))
     }
 

@@ -167,7 +167,6 @@ where
         grpc,
         deadline: start.deadline.map(Instant::from_std),
         route: start.route,
-        service: None,
     };
     ResponseFuture::driven(Drive::new(first, boxed, engine, span, io))
 }
