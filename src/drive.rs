@@ -221,6 +221,7 @@ impl<D: Io> Drive<D> {
 impl<D: Io> Drive<D> {
     /// The call's span (a disabled one when tracing does not enable it), for work of the call
     /// done outside the loop.
+    #[cfg(feature = "grpc")]
     pub(crate) fn span(&self) -> tracing::Span {
         self.state
             .trace

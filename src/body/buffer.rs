@@ -200,6 +200,7 @@ impl Record {
     /// Charges every chunk recorded from now on `overhead` beside its bytes, so that the
     /// limits bound a record of many small chunks (empty messages, each one a chunk) as well
     /// as a record of many bytes.
+    #[cfg(feature = "grpc")]
     pub(super) fn charge_per_chunk(&mut self, overhead: usize) {
         self.overhead = overhead;
     }
