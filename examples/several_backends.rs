@@ -31,8 +31,8 @@
 //! away (1 ms ± 20 % until 2.5 s, then every connection refused after 0.2 ms, the same
 //! layer), and slow (the hedge run's windows, a hedge after 2 ms, 2 attempts), each over the
 //! balancer with the record and: no outlier detection; (a) gRFC A50's algorithms as the
-//! defaults set them, alone; (b) with the run of consecutive failures that ejects at once (the
-//! defaults). Printed: failed calls, the
+//! defaults set them, alone; (b) with the run of consecutive failures that ejects at once;
+//! (c) with recent failures weighing the pick too (the defaults). Printed: failed calls, the
 //! attempts `c` answered badly (an error status, a refused connection, a slow answer), p99
 //! and p99.9 latency.
 //!
@@ -232,18 +232,27 @@ enum Detection {
     /// gRFC A50's algorithms as the defaults set them (failure percentage 85 %, 3 hosts, 10
     /// answers, each 1 s; success rate off), and nothing else.
     A50,
-    /// And the run of 5 consecutive failures that ejects at once: the defaults.
+    /// And the run of 5 consecutive failures that ejects at once.
     A50Trip,
+    /// And recent failures weighing the pick (with their 2 s half-life, and the probation
+    /// of a backend back from an ejection): the defaults.
+    A50TripWeighted,
 }
 
 impl Detection {
-    const ALL: [Detection; 3] = [Detection::Off, Detection::A50, Detection::A50Trip];
+    const ALL: [Detection; 4] = [
+        Detection::Off,
+        Detection::A50,
+        Detection::A50Trip,
+        Detection::A50TripWeighted,
+    ];
 
     fn name(self) -> &'static str {
         match self {
             Detection::Off => "none",
             Detection::A50 => "(a) A50 alone",
             Detection::A50Trip => "(b) (a) + consecutive-failure trip",
+            Detection::A50TripWeighted => "(c) (b) + failure-weighted pick",
         }
     }
 
@@ -253,14 +262,19 @@ impl Detection {
         let defaults = OutlierDetection::default();
         let builder = match self {
             Detection::Off => return OutlierDetection::disabled(),
-            Detection::A50 => defaults.to_builder().consecutive_failures(None),
-            Detection::A50Trip => defaults.to_builder(),
+            Detection::A50 => defaults
+                .to_builder()
+                .consecutive_failures(None)
+                .weigh_failures(false),
+            Detection::A50Trip => defaults.to_builder().weigh_failures(false),
+            Detection::A50TripWeighted => defaults.to_builder(),
         };
         let model = |duration: Duration| scale.clock(duration.as_secs_f64() * 1000.0);
         builder
             .interval(model(defaults.interval()))
             .base_ejection_time(model(defaults.base_ejection_time()))
             .max_ejection_time(model(defaults.max_ejection_time()))
+            .failure_half_life(model(defaults.failure_half_life()))
             .build()
             .expect("the defaults, scaled, are valid")
     }
@@ -281,7 +295,7 @@ impl Balancer {
     /// `Ablated`, in model time; none for the others.
     fn outlier_detection(self, scale: Scale) -> OutlierDetection {
         match self {
-            Balancer::Ours => Detection::A50Trip.settings(scale),
+            Balancer::Ours => Detection::A50TripWeighted.settings(scale),
             Balancer::Ablated(detection) => detection.settings(scale),
             _ => OutlierDetection::disabled(),
         }

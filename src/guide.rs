@@ -438,7 +438,8 @@
 //!
 //! 1. Without a [`TriedBackends`](crate::metadata::TriedBackends) extension: power of two
 //!    choices on load among the ready endpoints in rotation (two drawn at random, the less
-//!    loaded one takes the request), as tower's `p2c::Balance` does.
+//!    loaded one takes the request), as tower's `p2c::Balance` does, with recent failures
+//!    weighed in (below).
 //! 2. With one: the same, drawn only among the endpoints in rotation whose
 //!    [`BackendId`](crate::metadata::BackendId) the record does not hold; when every one was
 //!    tried, among all of them. Then the id of the endpoint picked is added to the record,
@@ -468,28 +469,36 @@
 //!
 //! ## Outlier detection in the balancer
 //!
-//! The balancer learns each backend's outcomes, read with the crate's classifiers as the
-//! layers read attempts:
+//! The balancer learns each backend's outcomes, classified as the layers classify attempts:
 //!
-//! - a gRPC answer with [`GrpcCodes`](crate::classify::GrpcCodes) over
-//!   [`failure_codes`](crate::balance::OutlierDetectionBuilder::failure_codes): the
-//!   `grpc-status` of a Trailers-Only response (status in the headers), gRPC's mapping of a
-//!   non-200 gRPC response, or, for a gRPC response that has begun, the `grpc-status` of its
-//!   trailers, read as the body passes through a
-//!   [`ResponseBody`](crate::balance::ResponseBody) (a body dropped before its end counts for
-//!   nothing);
-//! - an answer that is not gRPC with [`HttpStatuses`](crate::classify::HttpStatuses) over 5xx
-//!   and 429: those fail, anything else succeeds;
-//! - an error of the endpoint's service as that classifier reads it: an attempt not sent
-//!   (connection refused) or refused fails, any other error is `UNAVAILABLE`.
+//! - the `grpc-status` of a Trailers-Only response (status in the headers), or, for a gRPC
+//!   response that has begun, the `grpc-status` of its trailers, read as the body passes
+//!   through a [`ResponseBody`](crate::balance::ResponseBody) (a body dropped before its end
+//!   counts for nothing);
+//! - without a gRPC status, HTTP 5xx and 429 fail and anything else succeeds;
+//! - an error of the endpoint's service (a transport error) fails.
 //!
-//! The failure codes are by default the codes whose HTTP mapping is a 5xx or 429, as Envoy
-//! counts gRPC answers (gRFC A50 counts every code but `OK`). Then:
+//! A gRPC status fails when it is in
+//! [`failure_codes`](crate::balance::OutlierDetectionBuilder::failure_codes) (by default the
+//! codes whose HTTP mapping is a 5xx or 429, as Envoy counts gRPC answers; gRFC A50 counts
+//! every code but `OK`). Then:
 //!
+//! - **Recent failures weigh the choice.** Of the two endpoints drawn, the less loaded one
+//!   keeps the request with probability `w / w'` when its weight `w` is below the other's `w'`,
+//!   and leaves it to the other otherwise. A backend's weight is the lower of
+//!   `((s + 1) / (f + s + 1))²`, of its recent successes `s` and failures `f`, and
+//!   `1 / (1 + r)²`, of its run `r` of failures since its last success (up to 9); all fade by
+//!   half every
+//!   [`failure_half_life`](crate::balance::OutlierDetectionBuilder::failure_half_life) (2 s).
+//!   One failure costs a backend three quarters of the draws it would win on load, five in a
+//!   row 35 in 36: a backend that fails fast no longer looks least loaded, before any ejection.
+//!   The weight multiplies a probability rather than the load, so it works with any
+//!   [`Load`](tower::load::Load) metric (`PeakEwma`'s as `PendingRequests`'), and with every
+//!   weight at 1 the pick is tower's, draw for draw.
 //! - **A run of failures ejects at once** (Envoy's `consecutive_5xx`):
 //!   [`consecutive_failures`](crate::balance::OutlierDetectionBuilder::consecutive_failures)
-//!   (5) answers in a row, if another backend in rotation does well (its successes in the
-//!   current interval outnumber its failures: a run of failures everywhere is no outlier).
+//!   (5) answers in a row, if another backend in rotation does well (its recent successes
+//!   outnumber its failures: a run of failures everywhere is no outlier).
 //! - **gRFC A50's algorithms run each
 //!   [`interval`](crate::balance::OutlierDetectionBuilder::interval)** (1 s) over the answers
 //!   of the interval that ended: failure percentage (a backend with at least `request_volume`
@@ -505,7 +514,8 @@
 //!   that one dead backend of three is ejected), and never all of them: with every backend
 //!   failing, calls fail as they would without the balancer.
 //! - **A backend comes back** at the balancer's first call after its ejection time (A50 waits
-//!   for the next interval).
+//!   for the next interval), on probation: weighed as after one failure, a quarter of its
+//!   draws, until it answers well and earns its full share back.
 //!
 //! The detection runs on tokio's clock, inside `poll_ready`: there is no timer task, and a
 //! paused clock drives it as it drives the rest.
@@ -514,12 +524,11 @@
 //! three, and a balancer that waits for an interval sends attempts to a dead backend for
 //! seconds; under the A6 throttle `{10, 0.1}` the bucket is spent after five failures. The run
 //! of five failures ejects a dead backend within the first few calls it takes (over loopback,
-//! the first burst of concurrent calls), and the 1 s interval with a failure percentage over
-//! three hosts and 10 answers ejects a backend that fails most calls but not every one in a
-//! row. The ejection times and the 10 % share are A50's. BENCHMARKS.md ("Several backends")
-//! shows what each piece buys.
-//! [`OutlierDetection::from_json`](crate::balance::OutlierDetection::from_json) reads gRPC's
-//! `outlier_detection_experimental` config, with A50's defaults for what it leaves out.
+//! the first burst of concurrent calls), the weights keep it from taking more meanwhile, and
+//! the 1 s interval with a failure percentage over three hosts and 10 answers ejects a backend
+//! that fails most calls but not every one in a row. The ejection times and the 10 % share are
+//! A50's. [`OutlierDetection::from_json`](crate::balance::OutlierDetection::from_json) reads
+//! gRPC's `outlier_detection_experimental` config, with A50's defaults for what it leaves out.
 //!
 //! It shows: each ejection is a `tracing` event at `WARN` (`balance: backend ejected`, with the
 //! backend's key, its id, the reason, its failure rate, the ejection time and how many times in

@@ -62,9 +62,9 @@ const BUFFER_CAPACITY: usize = 1024;
 /// [module docs](super#the-record-of-backends-tried)).
 ///
 /// Outlier detection is on, with [`OutlierDetection::default()`]: a backend that keeps failing
-/// is ejected for a while (see the [module docs](super#outlier-detection)).
-/// [`BalancedChannel::builder`] sets other knobs; [`outliers`](BalancedChannel::outliers)
-/// shows who is out.
+/// is ejected for a while, and recent failures weigh the choice (see the
+/// [module docs](super#outlier-detection)). [`BalancedChannel::builder`] sets other knobs;
+/// [`outliers`](BalancedChannel::outliers) shows who is out.
 ///
 /// # Why a buffer
 ///

@@ -30,10 +30,10 @@
 //!   `ServiceConfig::from_json(json)?.policies_builder_with(Jitter::GRPC).track_backends(true).build()`.
 //!
 //! **A call without a record** is balanced attempt by attempt as if each were a call of its
-//! own: power of two choices on requests in flight, with ejected backends left out. Its retry
-//! can land on the backend that just failed it, and its hedge on the backend its first
-//! attempt is stuck on when that one is no more loaded than the others (the layers cannot see
-//! what is below them, so they do not guess).
+//! own: power of two choices on requests in flight, weighed by recent failures, with
+//! ejected backends left out. Its retry can land on the backend that just failed it, and its
+//! hedge on the backend its first attempt is stuck on when that one is no more loaded than
+//! the others (the layers cannot see what is below them, so they do not guess).
 //! A request above the layers may also bring its own record:
 //!
 //! ```
@@ -397,8 +397,9 @@ where
 /// The ready endpoints, as the picker sees them.
 struct Ready<'a, K: Hash + Eq, S, Req> {
     endpoints: &'a ReadyCache<K, Endpoint<S>, Req>,
-    /// Whether some backend is ejected.
+    /// Whether some backend is ejected; the clock for the weights, if failures weigh the pick.
     any_ejected: bool,
+    now: Option<Instant>,
 }
 
 impl<K, S, Req> pick::Candidates for Ready<'_, K, S, Req>
@@ -430,6 +431,13 @@ where
             .health
             .as_ref()
             .is_some_and(|health| health.is_ejected())
+    }
+
+    fn weight(&self, index: usize) -> f64 {
+        match (&self.endpoint(index).health, self.now) {
+            (Some(health), Some(now)) => health.weight(now),
+            _ => 1.0,
+        }
     }
 }
 
@@ -476,6 +484,11 @@ where
         let ready = Ready {
             endpoints: &self.endpoints,
             any_ejected: self.outliers.as_ref().is_some_and(Detector::any_ejected),
+            now: self
+                .outliers
+                .as_ref()
+                .filter(|detector| detector.weighs_failures())
+                .map(Detector::now),
         };
         let rng = &mut self.rng;
         let extensions = request.extensions();

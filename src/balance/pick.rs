@@ -1,6 +1,6 @@
 //! The choice of an endpoint: power of two choices on load, among the ready endpoints a call
-//! has not tried, leaving out the ejected ones. The part of the balancer that no tower piece
-//! does: tower's `p2c::Balance` picks before it sees the request.
+//! has not tried, leaving out the ejected ones, and weighing recent failures. The part of the
+//! balancer that no tower piece does: tower's `p2c::Balance` picks before it sees the request.
 
 use rand::Rng;
 
@@ -30,13 +30,20 @@ pub(crate) trait Candidates {
     fn ejected(&self, _index: usize) -> bool {
         false
     }
+
+    /// The weight of endpoint `index` in a draw it wins on load, in (0, 1]: 1 without recent
+    /// failures.
+    fn weight(&self, _index: usize) -> f64 {
+        1.0
+    }
 }
 
 /// Picks a ready endpoint by index: of two drawn at random, the one with the lower load (the
-/// first drawn on a tie). Ejected endpoints are not drawn while another is ready; among the
-/// rest, only endpoints whose id is not in `tried` are drawn, or all of them when each was
-/// tried — but a `hedge` whose call tried each one in rotation goes to an ejected one it has
-/// not tried, if one is ready. `None` when no endpoint is ready.
+/// first drawn on a tie) — which keeps the pick with probability `w / w'` when its weight `w`
+/// is below the other's `w'`, and else leaves it to the other. Ejected endpoints are not drawn
+/// while another is ready; among the rest, only endpoints whose id is not in `tried` are drawn,
+/// or all of them when each was tried — but a `hedge` whose call tried each one in rotation
+/// goes to an ejected one it has not tried, if one is ready. `None` when no endpoint is ready.
 pub(crate) fn pick<C: Candidates>(
     candidates: &C,
     tried: &[BackendId],
@@ -110,10 +117,16 @@ pub(crate) fn pick<C: Candidates>(
         b += 1;
     }
     let (a, b) = (nth(a), nth(b));
-    if candidates.load(a) <= candidates.load(b) {
-        Some(a)
+    let (winner, other) = if candidates.load(a) <= candidates.load(b) {
+        (a, b)
     } else {
-        Some(b)
+        (b, a)
+    };
+    let (kept, other_weight) = (candidates.weight(winner), candidates.weight(other));
+    if kept < other_weight && rng.random::<f64>() * other_weight >= kept {
+        Some(other)
+    } else {
+        Some(winner)
     }
 }
 
@@ -142,10 +155,11 @@ mod tests {
         }
     }
 
-    /// Endpoints with loads and ejected flags.
+    /// Endpoints with loads, ejected flags and weights.
     struct Known {
         loads: Vec<u32>,
         ejected: Vec<bool>,
+        weights: Vec<f64>,
     }
 
     impl Known {
@@ -153,6 +167,7 @@ mod tests {
             Known {
                 loads: loads.to_vec(),
                 ejected: vec![false; loads.len()],
+                weights: vec![1.0; loads.len()],
             }
         }
 
@@ -160,6 +175,11 @@ mod tests {
             for &i in indices {
                 self.ejected[i] = true;
             }
+            self
+        }
+
+        fn weight(mut self, index: usize, weight: f64) -> Known {
+            self.weights[index] = weight;
             self
         }
 
@@ -208,6 +228,10 @@ mod tests {
 
         fn ejected(&self, index: usize) -> bool {
             self.ejected[index]
+        }
+
+        fn weight(&self, index: usize) -> f64 {
+            self.weights[index]
         }
     }
 
@@ -350,5 +374,41 @@ mod tests {
         let counts = two.hedge_counts(&ids([2, 3]), 1_000, 55);
         assert!(counts[0] > 300 && counts[1] > 300, "{counts:?}");
         assert_eq!(counts[2] + counts[3], 0, "{counts:?}");
+    }
+
+    #[test]
+    fn recent_failures_cost_a_backend_the_draws_it_wins_on_load() {
+        // Endpoint 0 fails fast, so it is the least loaded: unweighted, it wins every draw it
+        // is in (two of three). At weight 1/36 (five failures, no success), it keeps 1/36 of
+        // them: about 37 of 2 000 draws.
+        let weighed = Known::new(&[0, 3, 3]).weight(0, 1.0 / 36.0);
+        let counts = weighed.counts(&[], 2_000, 31);
+        assert!((15..70).contains(&counts[0]), "{counts:?}");
+        let unweighed = Known::new(&[0, 3, 3]).counts(&[], 3_000, 31);
+        assert!((1_850..2_150).contains(&unweighed[0]), "{unweighed:?}");
+        // Weight 1/4 against 1: a quarter of the draws it wins.
+        let quarter = Known::new(&[0, 3, 3])
+            .weight(0, 0.25)
+            .counts(&[], 4_000, 32);
+        let expected = 4_000.0 * 2.0 / 3.0 / 4.0;
+        assert!(
+            (quarter[0] as f64 - expected).abs() < expected * 0.15,
+            "{quarter:?}"
+        );
+        // Weight 1/2 against 1, the lighter of two: half the draws.
+        let lighter = Known::new(&[3, 0]).weight(0, 1.0).weight(1, 0.5);
+        let counts = lighter.counts(&[], 2_000, 33);
+        assert!((850..1_150).contains(&counts[1]), "{counts:?}");
+        // Equal weights draw no extra number: the same picks as without weights.
+        let plain = Loads(vec![1, 2, 3]);
+        let equal = Known::new(&[1, 2, 3])
+            .weight(0, 0.5)
+            .weight(1, 0.5)
+            .weight(2, 0.5);
+        assert_eq!(counts_of(&plain, 300, 41), equal.counts(&[], 300, 41));
+    }
+
+    fn counts_of(candidates: &Loads, draws: usize, seed: u64) -> Vec<usize> {
+        counts(candidates, &[], draws, seed)
     }
 }

@@ -131,9 +131,13 @@ async fn a_second_backend_dying_while_the_first_is_out_fails_no_call() {
         outliers.ejected(),
     );
     assert_eq!(failures(&before) + failures(&after), 0);
-    // One of three may be out at once: the second dead backend stays in rotation, and each
-    // call it fails goes on to the healthy one, a backend the call has not tried.
+    // One of three may be out at once: the second dead backend stays in rotation, weighed
+    // down by its failures, and each call it fails goes on to the healthy one.
     assert_eq!(outliers.ejected().len(), 1);
+    assert!(
+        second_first * 10 < (CALLS - 300) as usize,
+        "the second dead backend took {second_first} first attempts"
+    );
 
     for server in servers {
         server.shutdown().await;

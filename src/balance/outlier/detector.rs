@@ -80,8 +80,8 @@ pub struct Ejection {
     pub key: String,
     /// Why.
     pub reason: EjectionReason,
-    /// The share of failures among its answers: of the current interval's so far for a run
-    /// of failures, of the interval that ended for the interval algorithms.
+    /// The share of failures that got it ejected: of its recent answers for a run of
+    /// failures, of the interval's for the interval algorithms.
     pub failure_rate: f64,
     /// How many times in a row it was ejected, this one included (the ejection time's
     /// multiplier; it fades by one each interval the backend stays in rotation).
@@ -181,6 +181,8 @@ pub(crate) struct Detector {
     next_return: Option<Instant>,
     /// A backend's run of failures waits for another backend to do well.
     unvouched: bool,
+    /// Tokio's clock at the last poll.
+    now: Option<Instant>,
     view: Outliers,
 }
 
@@ -192,6 +194,7 @@ impl Detector {
         }
         let shared = Arc::new(HealthRules::new(
             config.consecutive_failures,
+            config.failure_half_life,
             config.failure_codes,
         ));
         Some(Detector {
@@ -203,12 +206,23 @@ impl Detector {
             started: false,
             next_return: None,
             unvouched: false,
+            now: None,
             view: Outliers::default(),
         })
     }
 
     pub(crate) fn view(&self) -> &Outliers {
         &self.view
+    }
+
+    /// The clock as of the last poll.
+    pub(crate) fn now(&self) -> Instant {
+        self.now.unwrap_or_else(Instant::now)
+    }
+
+    /// Whether recent failures weigh the pick.
+    pub(crate) fn weighs_failures(&self) -> bool {
+        self.config.weigh_failures
     }
 
     pub(crate) fn any_ejected(&self) -> bool {
@@ -246,6 +260,7 @@ impl Detector {
     /// Runs what is due at `now`: the interval algorithms, returns, and the ejection of
     /// backends whose run of failures reached the limit.
     pub(crate) fn poll(&mut self, now: Instant, rng: &mut impl Rng) {
+        self.now = Some(now);
         if !self.started {
             self.started = true;
             self.next_tick = now.checked_add(self.config.interval);
@@ -369,9 +384,9 @@ impl Detector {
     }
 
     /// Ejects the backends whose run of failures reached the limit, if another backend in
-    /// rotation does well, its successes in the current interval outnumbering its failures (a
-    /// run of failures everywhere is not an outlier). A run no backend vouches for is looked
-    /// at again at each poll, until one does or a success ends the run.
+    /// rotation does well, its recent successes outnumbering its failures (a run of failures
+    /// everywhere is not an outlier). A run no backend vouches for is looked at again at each
+    /// poll, until one does or a success ends the run.
     fn trips(&mut self, now: Instant) {
         self.unvouched = false;
         for index in 0..self.records.len() {
@@ -380,7 +395,7 @@ impl Detector {
                 continue;
             }
             let vouched = self.records.iter().enumerate().any(|(other, record)| {
-                other != index && record.ejection.is_none() && record.health.does_well()
+                other != index && record.ejection.is_none() && record.health.does_well(now)
             });
             if !vouched {
                 tracing::trace!(
@@ -396,7 +411,7 @@ impl Detector {
                 self.overflow(index, super::EjectionReason::ConsecutiveFailures);
                 return;
             }
-            let rate = self.records[index].health.failure_ratio();
+            let rate = self.records[index].health.failure_ratio(now);
             self.eject(index, super::EjectionReason::ConsecutiveFailures, rate, now);
         }
     }
@@ -476,7 +491,7 @@ impl Detector {
                 "balance: backend back in rotation"
             );
             record.ejection = None;
-            record.health.un_eject();
+            record.health.un_eject(now);
             self.ejected -= 1;
             self.view.0.returns.fetch_add(1, Ordering::Relaxed);
             returned = true;
@@ -866,9 +881,9 @@ mod tests {
         bench.poll();
         assert!(bench.ejected().is_empty());
         assert_eq!(bench.detector.view().returns(), 1);
-        // Failing again while another backend does well in this interval, it is ejected
-        // again, for twice as long.
-        bench.answer(1, 1, 0);
+        // On probation: it weighs a quarter until it answers well.
+        assert_eq!(bench.healths[0].weight(Instant::now()), 0.25);
+        // Failing again, it is ejected again, for twice as long.
         bench.answer(0, 0, 5);
         bench.poll();
         let ejection = &bench.detector.view().ejected()[0];

@@ -1,14 +1,16 @@
-//! What the balancer learns of each backend from its answers, read with the crate's
-//! classifiers: the counts of the current interval (gRFC A50's call counter) and the run of
-//! consecutive failures.
+//! What the balancer learns of each backend from its answers: the counts of the current
+//! interval (gRFC A50's call counter), the run of consecutive failures, and recent failures
+//! and successes that fade with time, which weigh the power-of-two choice.
 //!
 //! A [`Health`] is shared by the balancer (which reads it to pick and to eject) and by the
 //! response futures and bodies of the attempts sent to its backend (which record into it).
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
 use http::{HeaderMap, StatusCode};
+use tokio::time::Instant;
 
 use crate::classify::{
     AttemptResult, Classify, Code, GrpcCodes, HttpStatuses, Outcome, header_status,
@@ -122,15 +124,22 @@ pub(crate) struct HealthRules {
     tripped: AtomicBool,
     /// The run of consecutive failures that trips a backend; `None`: never.
     consecutive_failures: Option<u32>,
+    /// The half-life of recent failures and successes, in seconds.
+    half_life_secs: f64,
     /// How answers are classified.
     pub(crate) failures: Failures,
 }
 
 impl HealthRules {
-    pub(crate) fn new(consecutive_failures: Option<u32>, failure_codes: GrpcCodes) -> HealthRules {
+    pub(crate) fn new(
+        consecutive_failures: Option<u32>,
+        half_life: Duration,
+        failure_codes: GrpcCodes,
+    ) -> HealthRules {
         HealthRules {
             tripped: AtomicBool::new(false),
             consecutive_failures,
+            half_life_secs: half_life.as_secs_f64(),
             failures: Failures::new(failure_codes),
         }
     }
@@ -142,21 +151,54 @@ impl HealthRules {
     }
 }
 
+/// The longest run of failures that lowers a backend's weight: 1/100 at most. A backend that
+/// cannot be ejected keeps a little traffic from its run, so that a recovery shows; its
+/// recent failures, which fade, weigh it down further while it keeps failing.
+pub(crate) const MAX_RUN_WEIGHED: u32 = 9;
+
 /// One backend's record, shared by the balancer and the attempts in flight on it.
 #[derive(Debug)]
 pub(crate) struct Health {
     stats: Mutex<Tally>,
     /// Written by the balancer only; read by the picker.
     ejected: AtomicBool,
-    shared: Arc<HealthRules>,
+    shared: std::sync::Arc<HealthRules>,
 }
 
 #[derive(Debug, Default)]
 struct Tally {
     /// The answers of the current interval (A50's active bucket).
-    counts: IntervalCounts,
+    successes: u64,
+    failures: u64,
     /// Failures since the last success.
     consecutive: u32,
+    /// Recent successes and failures, each fading by half every half-life, as of `at`.
+    recent_successes: f64,
+    recent_failures: f64,
+    at: Option<Instant>,
+}
+
+impl Tally {
+    /// How much of what was recorded by `at` is left at `now`.
+    fn fade(&self, now: Instant, half_life_secs: f64) -> f64 {
+        match self.at {
+            Some(at) if now > at => (-(now - at).as_secs_f64() / half_life_secs).exp2(),
+            _ => 1.0,
+        }
+    }
+
+    /// The recent counts as of `now`, faded.
+    fn recent(&self, now: Instant, half_life_secs: f64) -> (f64, f64) {
+        let fade = self.fade(now, half_life_secs);
+        (self.recent_successes * fade, self.recent_failures * fade)
+    }
+
+    fn fade_to(&mut self, now: Instant, half_life_secs: f64) {
+        let (successes, failures) = self.recent(now, half_life_secs);
+        self.recent_successes = successes;
+        self.recent_failures = failures;
+        self.at = Some(self.at.map_or(now, |at| at.max(now)));
+    }
 }
 
 /// A backend's answers in one interval.
@@ -173,7 +215,7 @@ impl IntervalCounts {
 }
 
 impl Health {
-    pub(crate) fn new(shared: Arc<HealthRules>) -> Health {
+    pub(crate) fn new(shared: std::sync::Arc<HealthRules>) -> Health {
         Health {
             stats: Mutex::new(Tally::default()),
             ejected: AtomicBool::new(false),
@@ -190,16 +232,23 @@ impl Health {
         &self.shared.failures
     }
 
-    /// Records an attempt's answer.
+    /// Records an attempt's answer, at tokio's `now`.
     pub(crate) fn record(&self, verdict: Score) {
+        self.record_at(verdict, Instant::now());
+    }
+
+    pub(crate) fn record_at(&self, verdict: Score, now: Instant) {
         let mut stats = self.lock();
+        stats.fade_to(now, self.shared.half_life_secs);
         match verdict {
             Score::Success => {
-                stats.counts.successes += 1;
+                stats.successes += 1;
+                stats.recent_successes += 1.0;
                 stats.consecutive = 0;
             }
             Score::Failure => {
-                stats.counts.failures += 1;
+                stats.failures += 1;
+                stats.recent_failures += 1.0;
                 stats.consecutive = stats.consecutive.saturating_add(1);
                 let tripped = self
                     .shared
@@ -212,20 +261,40 @@ impl Health {
         }
     }
 
-    /// The share of failures among the answers of the current interval (0 without any).
-    pub(crate) fn failure_ratio(&self) -> f64 {
-        let counts = self.lock().counts;
-        if counts.failures > 0 {
-            counts.failures as f64 / counts.volume() as f64
+    /// The weight of this backend in a draw it would win on load, in (0, 1]: the lower of
+    /// `((s + 1) / (f + s + 1))²`, of its recent successes `s` and failures `f`, and
+    /// `1 / (1 + r)²`, of its run `r` of failures since the last success (counted up to
+    /// [`MAX_RUN_WEIGHED`]); all three fade with time. 1 with no recent failure; 1/4 just
+    /// after one failure; 1/36 just after five in a row, however many successes came before.
+    pub(crate) fn weight(&self, now: Instant) -> f64 {
+        let stats = self.lock();
+        if stats.recent_failures == 0.0 && stats.consecutive == 0 {
+            return 1.0;
+        }
+        let fade = stats.fade(now, self.shared.half_life_secs);
+        let (successes, failures) = (stats.recent_successes * fade, stats.recent_failures * fade);
+        let run = f64::from(stats.consecutive.min(MAX_RUN_WEIGHED)) * fade;
+        drop(stats);
+        let share = (successes + 1.0) / (failures + successes + 1.0);
+        let run_share = 1.0 / (1.0 + run);
+        let share = share.min(run_share);
+        share * share
+    }
+
+    /// The share of failures among recent answers (0 without any).
+    pub(crate) fn failure_ratio(&self, now: Instant) -> f64 {
+        let (successes, failures) = self.lock().recent(now, self.shared.half_life_secs);
+        if failures > 0.0 {
+            failures / (failures + successes)
         } else {
             0.0
         }
     }
 
-    /// Whether its successes in the current interval outnumber its failures.
-    pub(crate) fn does_well(&self) -> bool {
-        let counts = self.lock().counts;
-        counts.successes > counts.failures
+    /// Whether its recent successes outnumber its recent failures.
+    pub(crate) fn does_well(&self, now: Instant) -> bool {
+        let (successes, failures) = self.lock().recent(now, self.shared.half_life_secs);
+        successes > failures
     }
 
     /// Failures since the last success.
@@ -243,7 +312,14 @@ impl Health {
 
     /// The counts of the interval that ends, and a fresh interval (A50's bucket swap).
     pub(crate) fn swap_counts(&self) -> IntervalCounts {
-        std::mem::take(&mut self.lock().counts)
+        let mut stats = self.lock();
+        let counts = IntervalCounts {
+            successes: stats.successes,
+            failures: stats.failures,
+        };
+        stats.successes = 0;
+        stats.failures = 0;
+        counts
     }
 
     pub(crate) fn is_ejected(&self) -> bool {
@@ -256,9 +332,16 @@ impl Health {
         self.lock().consecutive = 0;
     }
 
-    /// Brings the backend back into rotation.
-    pub(crate) fn un_eject(&self) {
-        self.lock().consecutive = 0;
+    /// Brings the backend back on probation: as if it had just failed once, and nothing
+    /// else, so that it wins a quarter of the draws it would win on load until it answers
+    /// well (or the failure fades).
+    pub(crate) fn un_eject(&self, now: Instant) {
+        let mut stats = self.lock();
+        stats.consecutive = 0;
+        stats.recent_successes = 0.0;
+        stats.recent_failures = 1.0;
+        stats.at = Some(now);
+        drop(stats);
         self.ejected.store(false, Ordering::Relaxed);
     }
 }
@@ -266,10 +349,12 @@ impl Health {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
 
     fn health(consecutive: Option<u32>) -> Health {
         Health::new(Arc::new(HealthRules::new(
             consecutive,
+            Duration::from_secs(1),
             GrpcCodes::from([Code::Unavailable, Code::Internal]),
         )))
     }
@@ -352,15 +437,62 @@ mod tests {
     }
 
     #[test]
+    fn the_weight_falls_with_failures_and_comes_back_with_successes_and_time() {
+        let health = health(None);
+        let now = Instant::now();
+        assert_eq!(health.weight(now), 1.0);
+        health.record_at(Score::Failure, now);
+        assert_eq!(health.weight(now), 0.25);
+        for _ in 0..4 {
+            health.record_at(Score::Failure, now);
+        }
+        assert!((health.weight(now) - 1.0 / 36.0).abs() < 1e-12);
+        // Successes bring it back.
+        for _ in 0..50 {
+            health.record_at(Score::Success, now);
+        }
+        assert!(health.weight(now) > 0.8, "{}", health.weight(now));
+        // A run of failures weighs at once, whatever came before it...
+        for _ in 0..5 {
+            health.record_at(Score::Failure, now);
+        }
+        assert!((health.weight(now) - 1.0 / 36.0).abs() < 1e-12);
+        // ... down to 1/100 for the run alone.
+        let fresh = self::health(None);
+        for _ in 0..1_000 {
+            fresh.record_at(Score::Success, now);
+        }
+        for _ in 0..30 {
+            fresh.record_at(Score::Failure, now);
+        }
+        assert!(
+            (fresh.weight(now) - 0.01).abs() < 1e-12,
+            "{}",
+            fresh.weight(now)
+        );
+        // So does time: ten half-lives later, the failures weigh almost nothing.
+        let health = self::health(None);
+        health.record_at(Score::Failure, now);
+        let later = now + Duration::from_secs(10);
+        assert!(health.weight(later) > 0.99, "{}", health.weight(later));
+        // The ratio of what is left is still all failures; it does not do well.
+        assert_eq!(health.failure_ratio(later), 1.0);
+        assert!(!health.does_well(later));
+        health.record_at(Score::Success, later);
+        assert!(health.does_well(later));
+    }
+
+    #[test]
     fn a_run_of_failures_trips_the_shared_flag_once_per_failure_at_the_limit() {
         let health = health(Some(3));
-        health.record(Score::Failure);
-        health.record(Score::Failure);
-        health.record(Score::Success);
-        health.record(Score::Failure);
-        health.record(Score::Failure);
+        let now = Instant::now();
+        health.record_at(Score::Failure, now);
+        health.record_at(Score::Failure, now);
+        health.record_at(Score::Success, now);
+        health.record_at(Score::Failure, now);
+        health.record_at(Score::Failure, now);
         assert!(!health.shared.take_tripped());
-        health.record(Score::Failure);
+        health.record_at(Score::Failure, now);
         assert!(health.is_tripped());
         assert!(health.shared.take_tripped());
         assert!(!health.shared.take_tripped(), "taken once");
@@ -368,11 +500,9 @@ mod tests {
         health.eject();
         assert!(!health.is_tripped());
         for _ in 0..5 {
-            health.record(Score::Failure);
+            health.record_at(Score::Failure, now);
         }
         assert!(!health.shared.take_tripped());
-        assert_eq!(health.failure_ratio(), 10.0 / 11.0);
-        assert!(!health.does_well());
         assert_eq!(
             health.swap_counts(),
             IntervalCounts {
@@ -381,12 +511,18 @@ mod tests {
             }
         );
         assert_eq!(health.swap_counts(), IntervalCounts::default());
-        assert_eq!(health.failure_ratio(), 0.0);
-        // Back in rotation, its run starts again.
-        health.un_eject();
+    }
+
+    #[test]
+    fn a_backend_back_from_ejection_is_on_probation() {
+        let health = health(Some(3));
+        let now = Instant::now();
+        health.eject();
+        assert!(health.is_ejected());
+        health.un_eject(now);
         assert!(!health.is_ejected());
-        assert_eq!(health.consecutive_failures(), 0);
-        health.record(Score::Success);
-        assert!(health.does_well());
+        assert_eq!(health.weight(now), 0.25);
+        health.record_at(Score::Success, now);
+        assert!(health.weight(now) > 0.25);
     }
 }

@@ -2,9 +2,9 @@
 //!
 //! - the settings ([`OutlierDetection`]): A50's knobs, in code or from the JSON of gRPC's
 //!   `outlier_detection_experimental` policy (read by the `config` module, with the service
-//!   config's readers and errors), and the balancer's own (a run of consecutive failures,
-//!   which codes fail);
-//! - `health`: what each backend's answers say, read with the crate's classifiers;
+//!   config's readers and errors), and the balancer's own (a run of consecutive failures, how
+//!   fast failures fade, which codes fail);
+//! - `health`: what each backend's answers say, read as the layers read them;
 //! - `detector`: which backends are ejected, and when they come back;
 //! - `metrics`: the ejections on OpenTelemetry instruments.
 //!
@@ -30,8 +30,9 @@ pub(super) use self::health::Health;
 pub use self::metrics::OutlierMetrics;
 
 /// The outlier detection of a [`Balance`](super::Balance) or
-/// [`BalancedChannel`](super::BalancedChannel): which backends it ejects, and for how long.
-/// See the [module docs](super#outlier-detection).
+/// [`BalancedChannel`](super::BalancedChannel): which backends it ejects, for how long, and
+/// how recent failures weigh the choice between two backends. See the
+/// [module docs](super#outlier-detection).
 ///
 /// [`OutlierDetection::default()`] is what a balancer uses unless told otherwise:
 ///
@@ -44,6 +45,7 @@ pub use self::metrics::OutlierMetrics;
 /// | [`consecutive_failures`](OutlierDetectionBuilder::consecutive_failures) | 5 | (not in A50) |
 /// | [`failure_percentage`](OutlierDetectionBuilder::failure_percentage) | threshold 85, enforcement 100, minimum hosts 3, request volume 10 | off (when on: 85, 100, 5, 50) |
 /// | [`success_rate`](OutlierDetectionBuilder::success_rate) | off | off (when on: stdev factor 1900, 100, 5, 100) |
+/// | [`failure_half_life`](OutlierDetectionBuilder::failure_half_life) | 2 s | (not in A50) |
 /// | [`failure_codes`](OutlierDetectionBuilder::failure_codes) | the codes whose HTTP mapping is a 5xx or 429 | (A50: every code but `OK`) |
 ///
 /// ```
@@ -84,6 +86,8 @@ pub struct OutlierDetection {
     pub(crate) success_rate: Option<SuccessRateEjection>,
     pub(crate) failure_percentage: Option<FailurePercentageEjection>,
     pub(crate) consecutive_failures: Option<u32>,
+    pub(crate) failure_half_life: Duration,
+    pub(crate) weigh_failures: bool,
     pub(crate) failure_codes: GrpcCodes,
     #[cfg(feature = "opentelemetry")]
     pub(crate) metrics: Option<OutlierMetrics>,
@@ -180,7 +184,7 @@ impl Default for FailurePercentageEjection {
 impl OutlierDetection {
     /// gRFC A50's defaults, which a JSON config starts from: an interval of 10 s, ejection
     /// times of 30 s and 300 s, 10 %, and neither algorithm nor a run of consecutive failures
-    /// (the failure codes are the balancer's).
+    /// (the failure half-life and codes are the balancer's).
     pub(crate) fn a50_defaults() -> OutlierDetection {
         OutlierDetection {
             interval: Duration::from_secs(10),
@@ -210,6 +214,8 @@ impl Default for OutlierDetection {
                 request_volume: 10,
             }),
             consecutive_failures: Some(5),
+            failure_half_life: Duration::from_secs(2),
+            weigh_failures: true,
             failure_codes: DEFAULT_FAILURE_CODES,
             #[cfg(feature = "opentelemetry")]
             metrics: None,
@@ -233,8 +239,8 @@ impl OutlierDetection {
         }
     }
 
-    /// No outlier detection: no backend is ejected; the balancer picks as it did before it
-    /// learned of failures.
+    /// No outlier detection: no backend is ejected and failures do not weigh the choice; the
+    /// balancer picks as it did before it learned of failures.
     ///
     /// ```
     /// use tower_retry_hedge::balance::OutlierDetection;
@@ -309,6 +315,16 @@ impl OutlierDetection {
         self.consecutive_failures
     }
 
+    /// The time in which a recent failure (or success) loses half its weight in the choice.
+    pub fn failure_half_life(&self) -> Duration {
+        self.failure_half_life
+    }
+
+    /// Whether recent failures weigh the choice between two backends.
+    pub fn weighs_failures(&self) -> bool {
+        self.weigh_failures
+    }
+
     /// The gRPC codes that count as failures.
     pub fn failure_codes(&self) -> GrpcCodes {
         self.failure_codes
@@ -333,6 +349,7 @@ impl OutlierDetection {
 ///     .interval(Duration::from_secs(5))
 ///     .max_ejection_percent(20)
 ///     .success_rate(Some(SuccessRateEjection::default()))
+///     .failure_half_life(Duration::from_secs(5))
 ///     .build()?;
 /// assert_eq!(detection.success_rate(), Some(SuccessRateEjection::default()));
 /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -394,6 +411,21 @@ impl OutlierDetectionBuilder {
         self
     }
 
+    /// The time in which a recent failure or success loses half its weight in the choice
+    /// between two backends. Must be > 0.
+    pub fn failure_half_life(mut self, half_life: Duration) -> Self {
+        self.config.failure_half_life = half_life;
+        self
+    }
+
+    /// Whether recent failures weigh the choice between two backends (on by default): with
+    /// `false`, the pick is power of two choices on load alone, among the backends in
+    /// rotation, and a backend back from an ejection gets its full share at once.
+    pub fn weigh_failures(mut self, weigh: bool) -> Self {
+        self.config.weigh_failures = weigh;
+        self
+    }
+
     /// The gRPC codes that count as a backend's failure. The balancer reads each answer with
     /// the crate's classifiers, as the layers read an attempt: a gRPC answer (a status in a
     /// Trailers-Only response's headers or in the trailers, or gRPC's mapping of a non-200
@@ -432,6 +464,12 @@ impl OutlierDetectionBuilder {
         if config.interval.is_zero() {
             return Err(BuildError::new("interval", "must be a duration > 0"));
         }
+        if config.failure_half_life.is_zero() {
+            return Err(BuildError::new(
+                "failure_half_life",
+                "must be a duration > 0",
+            ));
+        }
         let mut percentages = vec![("max_ejection_percent", config.max_ejection_percent)];
         if let Some(success_rate) = config.success_rate {
             let enforcement = success_rate.enforcement_percentage;
@@ -467,6 +505,8 @@ impl fmt::Debug for OutlierDetection {
             .field("success_rate", &self.success_rate)
             .field("failure_percentage", &self.failure_percentage)
             .field("consecutive_failures", &self.consecutive_failures)
+            .field("failure_half_life", &self.failure_half_life)
+            .field("weigh_failures", &self.weigh_failures)
             .field("failure_codes", &self.failure_codes);
         #[cfg(feature = "opentelemetry")]
         debug.field("metrics", &self.metrics.is_some());
@@ -484,6 +524,10 @@ mod tests {
             (
                 OutlierDetection::builder().interval(Duration::ZERO),
                 "interval",
+            ),
+            (
+                OutlierDetection::builder().failure_half_life(Duration::ZERO),
+                "failure_half_life",
             ),
             (
                 OutlierDetection::builder().max_ejection_percent(101),
