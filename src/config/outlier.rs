@@ -33,8 +33,8 @@ impl OutlierDetection {
     /// `null`) field takes A50's default, not the balancer's: `interval` 10 s, ejection times
     /// 30 s and 300 s, 10 %, and an algorithm runs only if its object is present. Other keys
     /// (`childPolicy`) are ignored, as gRPC ignores them. A50 has no run of consecutive
-    /// failures: it is off ([`to_builder`](Self::to_builder) turns it on); the failure codes
-    /// keep the balancer's defaults.
+    /// failures: it is off ([`to_builder`](Self::to_builder) turns it on); the failure
+    /// half-life, the weighed pick and the failure codes keep the balancer's defaults.
     ///
     /// The input is untrusted: a document longer than 1 MiB, bad JSON, a wrong type, a
     /// malformed or negative duration, an `interval` of zero, a percentage above 100 or an

@@ -50,9 +50,8 @@
 //! | event | `request body too large to record for replay` | DEBUG | `size_hint.lower`, `per_call`, `available` | the body's size hint is over the buffer limits: it is sent once, as it is |
 //! | event | `balance: dropping an endpoint that failed` | DEBUG | `error` | (feature `balance`) a backend's service failed and left the balancer |
 //! | event | `balance: backend ejected` | WARN | `backend`, `id`, `reason`, `failure_rate`, `ejection_time`, `times` | (feature `balance`) outlier detection took `backend` out of rotation for `ejection_time` (its `times`-th ejection); `reason` is `consecutive_failures`, `failure_percentage` or `success_rate` |
-//! | event | `balance: backend back in rotation` | INFO | `backend`, `id`, `ejected_for`, `times` | (feature `balance`) an ejected backend's time is up: it is drawn again, as every backend in rotation |
+//! | event | `balance: backend back in rotation` | INFO | `backend`, `id`, `ejected_for`, `times` | (feature `balance`) an ejected backend's time is up: it is drawn again, at a reduced share until it answers well |
 //! | event | `balance: outlier not ejected: the most backends that may be are` | DEBUG | `backend`, `id`, `reason`, `ejected`, `backends` | (feature `balance`) `backend` is an outlier (`reason` as for `backend ejected`: `consecutive_failures`, `failure_percentage`, `success_rate`), but `ejected` of `backends` are out already |
-//! | event | `balance: failures in a row, but no backend in rotation does well; not ejected` | TRACE | `backend`, `id`, `failures` | (feature `balance`) `backend` has failed `failures` times in a row, but no other backend in rotation answers well in the current interval: failures everywhere make no outlier, so none is ejected; looked at again at each poll |
 //! | event | `service config: unknown fields ignored` | WARN | `count`, `keys` | (outside any call) a service config was parsed with keys gRPC does not define: `keys` names the first ten with their paths and near misses; [`ServiceConfig::ignored`](crate::ServiceConfig::ignored) lists them |
 //!
 //! To see them, enable `DEBUG` for the crate, for example with tracing-subscriber's
