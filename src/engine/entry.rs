@@ -20,10 +20,18 @@ pub(crate) trait Entrance {
     /// What the request says of its call; read only for a call the engine may drive.
     fn facts(&self) -> CallFacts<'_>;
 
-    /// The call's handle on `policy`. The layers keep a copy per service clone, so that
-    /// calls on different cores do not share one reference count.
-    fn policy(&mut self, policy: &MethodPolicy) -> MethodPolicy {
-        policy.clone()
+    /// The policy `policies` gives a call with `method` and `path`, as the call's own handle
+    /// on it, and the route it matched. The layers keep a copy of each policy per service
+    /// clone, so that calls on different cores do not share one reference count, and
+    /// remember the clone's last lookup.
+    fn lookup(
+        &mut self,
+        policies: &Policies,
+        method: &Method,
+        path: &str,
+    ) -> Option<(MethodPolicy, Option<usize>)> {
+        let matched = policies.matched(method, path)?;
+        Some((matched.policy.clone(), matched.route))
     }
 
     /// The throttle the call's attempts answer to, if the table has one for it.
@@ -40,14 +48,15 @@ pub(crate) fn enter(
     entrance: &mut impl Entrance,
     now: &dyn Fn() -> Instant,
 ) -> Option<Start> {
-    let matched = policies.matched(method, path);
+    let (policy, route) = entrance
+        .lookup(policies, method, path)
+        .map_or((None, None), |(policy, route)| (Some(policy), route));
     let mut table = TableFacts::of(policies);
     table.drive_without_policy = entrance.drive_without_policy(table.drive_without_policy);
     // Decided before the request's headers are read.
-    if nothing_applies(matched.map(|m| m.policy), &table) {
+    if nothing_applies(policy.as_ref(), &table) {
         return None;
     }
-    let policy = matched.map(|m| entrance.policy(m.policy));
     let throttle = entrance.throttle();
     if let (Some(MethodPolicy::Retry(_) | MethodPolicy::Hedge(_)), Some(throttle)) =
         (&policy, &throttle)
@@ -55,6 +64,5 @@ pub(crate) fn enter(
         // A budget's deposit: calls without a policy make no retries to pay for.
         throttle.on_call();
     }
-    let route = matched.and_then(|m| m.route);
     plan(policy, &table, &entrance.facts(), throttle, route, now)
 }

@@ -333,6 +333,12 @@ impl Engine {
         reader: u64,
         first_sent_at: Option<Instant>,
     ) -> Engine {
+        if let Mode::Hedge(policy, _) = &rules.mode
+            && let Some(budget) = &policy.budget
+        {
+            // Every hedged call earns its share of hedges.
+            budget.on_call();
+        }
         let mut engine = Engine {
             rules,
             deadline,
@@ -349,12 +355,6 @@ impl Engine {
             ended: false,
             closed: false,
         };
-        if let Mode::Hedge(policy, _) = &engine.rules.mode
-            && let Some(budget) = &policy.budget
-        {
-            // Every hedged call earns its share of hedges.
-            budget.on_call();
-        }
         if engine.rules.hedging_delay().is_some() && engine.may_count_another() {
             // The first hedge's time is set when the call starts to wait.
             engine.next = Some(Pending {

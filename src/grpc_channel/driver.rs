@@ -166,7 +166,7 @@ where
         first_headers,
     );
     // Boxed already: the first attempt is stopped by dropping it, as every other.
-    Drive::new(first, false, engine, span, io)
+    Drive::new(first, false, Drive::state(|| engine, span, || io))
 }
 
 /// Runs the call to its decision, which goes to `decided`; ends early when the application

@@ -30,6 +30,8 @@ use crate::throttle::Padded;
 pub(crate) struct Handles<S> {
     /// The spare service and the table, made at the first driven call.
     pub(super) shared: Option<Arc<LayerShared<S>>>,
+    /// The last lookup in the table, with this clone's copy of what it found.
+    last: Option<LastLookup>,
     /// Copies of the table's retry and hedging policies, by the address of the original.
     policies: HashMap<usize, MethodPolicy, foldhash::fast::RandomState>,
     /// This clone's handle on the table's shared throttle.
@@ -37,6 +39,14 @@ pub(crate) struct Handles<S> {
     /// Its handles on the throttles of the authorities it called, when the table keeps one
     /// per authority (a few: a clone mostly talks to one host).
     by_authority: Vec<(Box<str>, ThrottleHandle)>,
+}
+
+/// A clone's last lookup in its table: the method and path asked, and what was found.
+#[derive(Default)]
+struct LastLookup {
+    method: http::Method,
+    path: String,
+    found: Option<(MethodPolicy, Option<usize>)>,
 }
 
 /// The most authorities a clone keeps handles for; past them, it starts again.
@@ -61,6 +71,35 @@ impl<S> Handles<S> {
     /// The throttle of `request`'s call: this clone's handle on the table's shared one, or
     /// on the one of the request's authority (looked up in the registry, under its lock,
     /// once per clone and authority).
+    /// The policy `policies` gives a call with `method` and `path`, as this clone's own copy
+    /// (see [`policy`](Self::policy)), and the route it matched. The clone's last lookup is
+    /// remembered: a client calls the same method over and over, and comparing its path
+    /// costs less than hashing it twice, into the table and into this clone's copies.
+    pub(super) fn lookup(
+        &mut self,
+        policies: &Policies,
+        method: &http::Method,
+        path: &str,
+    ) -> Option<(MethodPolicy, Option<usize>)> {
+        if let Some(last) = &self.last
+            && last.path == path
+            && last.method == method
+        {
+            return last.found.clone();
+        }
+        let found = policies
+            .matched(method, path)
+            .map(|matched| (self.policy(matched.policy).clone(), matched.route));
+        let last = self.last.get_or_insert_with(LastLookup::default);
+        // The path's buffer is kept: a clone that alternates between methods does not
+        // allocate for each.
+        last.path.clear();
+        last.path.push_str(path);
+        last.method = method.clone();
+        last.found = found.clone();
+        found
+    }
+
     pub(super) fn throttle<B>(
         &mut self,
         policies: &Policies,
@@ -103,6 +142,7 @@ impl<S> Default for Handles<S> {
     fn default() -> Self {
         Handles {
             shared: None,
+            last: None,
             policies: HashMap::default(),
             throttle: None,
             by_authority: Vec::new(),
