@@ -179,6 +179,20 @@ impl<D: Io> State<D> {
     }
 }
 
+impl<D: Attempts> State<D> {
+    /// Keeps `answer` as the call's last failure, or drops it, as the engine's `verdict`
+    /// (not [`Verdict::Return`]) says.
+    fn settle(&mut self, verdict: Verdict, answer: D::Answer) {
+        let dropped = match verdict {
+            Verdict::Keep => self.later().last.replace(answer),
+            Verdict::Return(_) | Verdict::Drop => Some(answer),
+        };
+        if let Some(dropped) = dropped {
+            self.io.discard(dropped);
+        }
+    }
+}
+
 impl<D: Io> Later<D> {
     /// What the call keeps in `slot` beyond its first attempt, made when it first needs it.
     fn of(slot: &mut Option<Box<Later<D>>>) -> &mut Later<D> {
@@ -248,7 +262,7 @@ impl<D: Attempts> Future for Drive<D> {
         let read = || tokio::time::Instant::now().into_std();
         let mut rng = LazyRng::default();
         let mut inputs = Inputs::new(&read, &mut rng);
-        let output = loop {
+        loop {
             // Events in a fixed order: the timer (the deadline wins over an answer ready in
             // the same poll), the body's commit (seen before any answer), then the answers.
             if poll_timer(&mut this.state.timer, cx) {
@@ -257,18 +271,21 @@ impl<D: Attempts> Future for Drive<D> {
             if let Poll::Ready(reader) = this.state.io.poll_committed(cx) {
                 this.state.engine.on_commit(reader);
             }
-            if let Some(output) = poll_attempts(&mut this, &mut inputs, cx) {
-                break output;
+            let answered = poll_attempts(&mut this, &mut inputs, cx);
+            if answered.is_ready() {
+                // The books close as the result is given, before the caller sees it.
+                this.state.close();
+                return answered;
             }
             match act(&mut this, &mut inputs, cx) {
-                Some(Progress::Done(output)) => break output,
+                Some(Progress::Done(output)) => {
+                    this.state.close();
+                    return Poll::Ready(output);
+                }
                 Some(Progress::Again) => continue,
                 None => return Poll::Pending,
             }
-        };
-        // The books close as the result is given, before the caller sees it.
-        this.state.close();
-        Poll::Ready(output)
+        }
     }
 }
 
@@ -279,20 +296,22 @@ enum Progress<T> {
 }
 
 /// Polls every attempt in flight, and feeds each answer to the engine; gives the call's
-/// result if an answer ends it.
+/// result if an answer ends it. An answer stays here until it is returned, kept or dropped,
+/// rather than being copied into the functions that decide on it.
 fn poll_attempts<D: Attempts>(
     this: &mut DriveProj<'_, D>,
     inputs: &mut Inputs<'_>,
     cx: &mut Context<'_>,
-) -> Option<D::Output> {
+) -> Poll<D::Output> {
     if this.first.is_some() {
         let entered = this.state.trace.enter(AttemptId::FIRST);
         let polled = this.first.as_mut().poll(cx, D::poll_attempt);
         drop(entered);
         if let Some(Poll::Ready(answer)) = polled {
             this.first.set(First::Gone);
-            if let Some(output) = on_answer(this, AttemptId::FIRST, answer, inputs) {
-                return Some(output);
+            match on_answer(this, AttemptId::FIRST, &answer, inputs) {
+                Verdict::Return(marks) => return Poll::Ready(this.state.io.finish(answer, marks)),
+                verdict => this.state.settle(verdict, answer),
             }
         }
     }
@@ -312,11 +331,12 @@ fn poll_attempts<D: Attempts>(
             continue;
         };
         this.state.later().attempts.remove(i);
-        if let Some(output) = on_answer(this, id, answer, inputs) {
-            return Some(output);
+        match on_answer(this, id, &answer, inputs) {
+            Verdict::Return(marks) => return Poll::Ready(this.state.io.finish(answer, marks)),
+            verdict => this.state.settle(verdict, answer),
         }
     }
-    None
+    Poll::Pending
 }
 
 /// Carries out the engine's actions until it waits (`None`) or ends the call.
@@ -405,41 +425,30 @@ fn act<D: Attempts>(
     }
 }
 
-/// Feeds one attempt's answer to the engine; gives the call's result if it ends with it.
+/// Feeds one attempt's answer to the engine and gives its verdict. When the answer ends the
+/// call, every other attempt is stopped first, and the failure kept dropped.
 fn on_answer<D: Attempts>(
     this: &mut DriveProj<'_, D>,
     id: AttemptId,
-    answer: D::Answer,
+    answer: &D::Answer,
     inputs: &mut Inputs<'_>,
-) -> Option<D::Output> {
+) -> Verdict {
     let state = &mut **this.state;
-    let view = state.io.read(&answer);
+    let view = state.io.read(answer);
     let (verdict, outcome) = state.engine.on_answer(id, view, &state.io, inputs);
     state.trace.answered(id, &outcome);
-    match verdict {
-        Verdict::Return(marks) => {
-            // A call answered by its only attempt has nothing left to stop.
-            if this.first.is_some() || this.state.later.is_some() {
-                stop_attempts(this, |_| false);
-                let state = &mut **this.state;
-                state.trace.cancelled(None);
-                if let Some(earlier) = state.later.take().and_then(|later| later.last) {
-                    state.io.discard(earlier);
-                }
-            }
-            Some(this.state.io.finish(answer, marks))
-        }
-        Verdict::Keep => {
-            if let Some(earlier) = state.later().last.replace(answer) {
-                state.io.discard(earlier);
-            }
-            None
-        }
-        Verdict::Drop => {
-            state.io.discard(answer);
-            None
+    // A call answered by its only attempt has nothing left to stop.
+    if let Verdict::Return(_) = verdict
+        && (this.first.is_some() || this.state.later.is_some())
+    {
+        stop_attempts(this, |_| false);
+        let state = &mut **this.state;
+        state.trace.cancelled(None);
+        if let Some(earlier) = state.later.take().and_then(|later| later.last) {
+            state.io.discard(earlier);
         }
     }
+    verdict
 }
 
 /// Stops the attempts in flight that `keep` does not keep.

@@ -1213,6 +1213,26 @@ async fn tried_backends_are_on_by_default_and_off_when_asked() {
     assert_eq!(records[1].list(), ["10.0.0.1:443"], "one record, shared");
     call.await.unwrap().unwrap();
 
+    // A record the request brings is the one every attempt shares.
+    let own = TriedBackends::default();
+    let mut request = grpc_request();
+    request.extensions_mut().insert(own.clone());
+    let (call, mut handle) = call_mock(policies(hedge(2, 0)), request);
+    for n in 1..=2 {
+        let (request, reply, _) = next(&mut handle, start).await;
+        let tried = request.extensions().get::<TriedBackends>().cloned();
+        tried
+            .expect("the request's record")
+            .record(format!("10.0.0.{n}:443"));
+        reply.send_response(grpc_ok());
+    }
+    assert_eq!(
+        own.list(),
+        ["10.0.0.1:443", "10.0.0.2:443"],
+        "the request's own"
+    );
+    call.await.unwrap().unwrap();
+
     // `track_backends(false)` drops it.
     let policy = HedgePolicy::builder()
         .max_attempts(2)

@@ -213,6 +213,42 @@ mod tests {
     }
 
     #[test]
+    fn a_clones_last_lookup_is_remembered_and_a_new_method_or_path_looked_up_again() {
+        use crate::policy::Route;
+        use http::Method;
+        let get_only = RetryPolicy::builder().max_attempts(2).build().unwrap();
+        let policies = Policies::builder()
+            .method("svc.S/M", retry_table_policy())
+            .route(Route::prefix("/api").methods([Method::GET]), get_only)
+            .build();
+        let mut handles = Handles::<()>::default();
+        let policy_of = |found: Option<(MethodPolicy, Option<usize>)>| {
+            let (policy, route) = found.expect("a policy");
+            (Arc::clone(retry_of(&policy)), route)
+        };
+        let (first, route) = policy_of(handles.lookup(&policies, &Method::POST, "/svc.S/M"));
+        assert_eq!((first.max_attempts, route), (3, None));
+        // Asked again, the clone's own copy comes back, not a new one.
+        let (again, _) = policy_of(handles.lookup(&policies, &Method::POST, "/svc.S/M"));
+        assert!(Arc::ptr_eq(&first, &again));
+        // The route takes GET only: the same path with another method finds nothing.
+        let (api, route) = policy_of(handles.lookup(&policies, &Method::GET, "/api/x"));
+        assert_eq!((api.max_attempts, route), (2, Some(0)));
+        assert!(handles.lookup(&policies, &Method::POST, "/api/x").is_none());
+        assert!(handles.lookup(&policies, &Method::GET, "/other").is_none());
+        let (back, _) = policy_of(handles.lookup(&policies, &Method::POST, "/svc.S/M"));
+        assert!(Arc::ptr_eq(&first, &back));
+    }
+
+    fn retry_table_policy() -> RetryPolicy {
+        RetryPolicy::builder()
+            .max_attempts(3)
+            .retryable(GrpcCodes::from([Code::Unavailable]))
+            .build()
+            .unwrap()
+    }
+
+    #[test]
     fn what_a_clone_writes_per_call_sits_alone_on_its_cache_lines() {
         let policies = retry_table();
         let table = policies

@@ -152,11 +152,18 @@ where
             .headers_mut()
             .insert(grpc_timeout::GRPC_TIMEOUT_NAME, timeout);
     }
-    // A record the request brings is kept; the copies of the parts share it.
-    if start.track_backends && request.extensions().get::<TriedBackends>().is_none() {
-        request.extensions_mut().insert(TriedBackends::default());
-    }
-    let (parts, body) = request.into_parts();
+    let (mut parts, body) = request.into_parts();
+    // The record of backends tried that every attempt shares: one the request brings, else a
+    // new one. The copy of the parts holds it beside their extensions, which are copied
+    // without it: a new record in the copy would cost a second map and a box on every call.
+    let brought = match start.track_backends {
+        true => parts.extensions.get::<TriedBackends>().cloned(),
+        false => None,
+    };
+    let tried = match start.track_backends {
+        true => Some(brought.clone().unwrap_or_default()),
+        false => None,
+    };
     let (body, first_body, reader) = match body.prepare(shared.policies.buffer_limits()) {
         Ok(copies) => {
             let (first, reader) = copies.first();
@@ -188,12 +195,18 @@ where
             call: Call {
                 head: RequestHead::of(&parts),
                 body,
+                tried: tried.clone(),
             },
             grpc,
             deadline,
             route,
         },
     );
+    if brought.is_none()
+        && let Some(tried) = tried
+    {
+        parts.extensions.insert(tried);
+    }
     let first = sending(|| inner.call(Request::from_parts(parts, first_body)));
     ResponseFuture::driven(Drive::new(first, boxed, state))
 }
@@ -252,6 +265,8 @@ enum Body<B: Replay> {
 pub(crate) struct Call<B: Replay> {
     head: RequestHead,
     body: Body<B>,
+    /// The call's record of backends tried, which every attempt's extensions carry.
+    tried: Option<TriedBackends>,
 }
 
 /// How a call's body can be sent again.
@@ -335,6 +350,9 @@ impl<B: Replay> Call<B> {
         attempt_headers: engine::AttemptHeaders,
     ) -> Request<B> {
         let mut request = self.head.request(body);
+        if let Some(tried) = &self.tried {
+            request.extensions_mut().insert(tried.clone());
+        }
         let headers = request.headers_mut();
         if let Some(previous) = attempt_headers.previous {
             headers.insert(GRPC_PREVIOUS_RPC_ATTEMPTS_NAME, previous);
