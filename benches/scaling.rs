@@ -88,6 +88,10 @@
 //! round. Each round gives every configuration
 //!
 //! - its rate × bare: its rate ÷ the bare service's, same round, same `W`, same `work`;
+//! - its CPU × bare: its calls per CPU-second (the process's CPU time over the slice) ÷ the
+//!   bare service's, same round, same `W`, same `work`. On a machine that lends the run its
+//!   cores it is the rate × bare; where other processes take them, a worker waiting for its
+//!   core spends no CPU and makes no calls, so this ratio holds where the rate ratio scatters;
 //! - its scaling from the fewest threads `W₀` (1 by default) to `W`:
 //!   `rate(W) / rate(W₀) × W₀ / W`, both rates from the same round: 1 is perfect scaling,
 //!   `1 / W` (with `W₀ = 1`) no gain at all. Above the cores the machine has, the best it can
@@ -872,6 +876,11 @@ fn print_tables(params: &Params, work: Duration, samples: &[Vec<Vec<Sample>>], c
             .map(|(rate, bare)| rate / bare)
             .collect()
     };
+    let per_cpu = |t: usize, c: usize| -> Vec<f64> {
+        (samples[t][c].iter().zip(&samples[t][bare[c]]))
+            .map(|(at, bare)| (at.rate / at.cores_busy) / (bare.rate / bare.cores_busy))
+            .collect()
+    };
     let efficiency = |t: usize, c: usize| -> Vec<f64> {
         (samples[t][c].iter().zip(&samples[0][c]))
             .map(|(at, base)| (at.rate / at.cores_busy) / (base.rate / base.cores_busy))
@@ -885,10 +894,10 @@ fn print_tables(params: &Params, work: Duration, samples: &[Vec<Vec<Sample>>], c
     };
 
     println!(
-        "\n## work {} µs: rate × bare (its shape's bare, same round, same threads), scaling \
-         {base}→W (rate(W) / rate({base}) × {base} / W, same round) and CPU efficiency \
-         {base}→W (calls per CPU-second at W ÷ at {base}, same round); median (p25–p75) \
-         over {} rounds\n",
+        "\n## work {} µs: rate × bare and CPU × bare (calls per CPU-second ÷ bare's; its \
+         shape's bare, same round, same threads), scaling {base}→W (rate(W) / rate({base}) × \
+         {base} / W, same round) and CPU efficiency {base}→W (calls per CPU-second at W ÷ at \
+         {base}, same round); median (p25–p75) over {} rounds\n",
         work.as_micros(),
         params.rounds
     );
@@ -896,6 +905,10 @@ fn print_tables(params: &Params, work: Duration, samples: &[Vec<Vec<Sample>>], c
     let mut rule = "|---|".to_string();
     for &threads in &params.threads {
         header += &format!(" × bare, {} |", threads_label(threads));
+        rule += "---:|";
+    }
+    for &threads in &params.threads {
+        header += &format!(" CPU × bare, {} |", threads_label(threads));
         rule += "---:|";
     }
     for &threads in &params.threads[1..] {
@@ -911,6 +924,9 @@ fn print_tables(params: &Params, work: Duration, samples: &[Vec<Vec<Sample>>], c
         let mut row = format!("| {} |", config.name());
         for t in 0..params.threads.len() {
             row += &format!(" {} |", median_iqr(&ratios(t, c)));
+        }
+        for t in 0..params.threads.len() {
+            row += &format!(" {} |", median_iqr(&per_cpu(t, c)));
         }
         for t in 1..params.threads.len() {
             row += &format!(" {} |", median_iqr(&scaling(t, c)));
