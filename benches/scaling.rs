@@ -8,15 +8,33 @@
 //! threads and reports, per configuration, its rate as a share of the bare service's and how
 //! it scales from the fewest threads to each thread count.
 //!
-//! # The service and the configurations
+//! # The request shapes, their services and the configurations
 //!
-//! Below every stack is the same in-process service: it spins for `work` (busy CPU, reading
-//! `std::time::Instant` until `work` has passed; nothing for 0) and answers at once with a
-//! gRPC-looking OK (`content-type: application/grpc`, `grpc-status: 0`, empty body). Each
-//! call sends a fresh `POST /bench.Echo/Unary` with `content-type: application/grpc` and a
-//! 5-byte body (the gRPC frame of an empty message), built in the calling loop the same way
-//! for every configuration, so the bare service pays for it too. Nothing fails, so nothing
-//! is retried or hedged: this is the path every call takes while the server is healthy.
+//! Two request shapes, each with its own in-process service below every stack of its shape.
+//! Each call's request is built fresh in the calling loop, the same way for every
+//! configuration of the shape, so its bare service pays for it too. Nothing fails, so
+//! nothing is retried or hedged: this is the path every call takes while the server is
+//! healthy.
+//!
+//! - **gRPC** (`grpc`, the default): a `POST /bench.Echo/Unary` with `content-type:
+//!   application/grpc` and a 5-byte body (the gRPC frame of an empty message). The service
+//!   spins for `work` (busy CPU, reading `std::time::Instant` until `work` has passed;
+//!   nothing for 0) and answers at once with a gRPC-looking OK (`content-type:
+//!   application/grpc`, `grpc-status: 0`, empty body).
+//! - **HTTP** (`http`): a `POST /echo.Echo/Call` with no headers and a 64-byte static
+//!   `Full<Bytes>` body, as a team retrying an HTTP API sends it (issue 45). The service
+//!   spins for `work` of the calling thread's CPU time (`CLOCK_THREAD_CPUTIME_ID`), so time
+//!   the thread waits for a core while another process runs is not counted as work, and
+//!   answers 200 with the request's body. Linux reads that clock in a system call (the vDSO
+//!   serves only the wall clocks), so most of `work` is spent entering and leaving the
+//!   kernel. The gRPC shape keeps its wall-clock spin so that
+//!   its figures stay comparable with those recorded before the HTTP shape came.
+//!
+//! Both shapes can run in the same process and rounds (`SCALING_SHAPES=grpc,http`): their
+//! configurations then share the rotating order, and each configuration's ratio is to its
+//! own shape's bare service in the same round.
+//!
+//! The gRPC shape's configurations:
 //!
 //! | configuration | the stack |
 //! |---|---|
@@ -32,6 +50,19 @@
 //! | `hedge` | `HedgeLayer`, a `HedgePolicy` for the method (3 attempts, fixed 5 ms delay, `UNAVAILABLE` non-fatal) |
 //! | `hedge+adaptive_delay` | the same with `AdaptiveDelay` at p90 (its other settings the defaults) in place of the fixed delay |
 //! | `hedge+hedge_budget` | `hedge` with `HedgeBudget::default()` on the policy |
+//!
+//! The HTTP shape's configurations: the peers a team would pick instead of this crate, and
+//! this crate's retry as such a team would set it up. Each allows 4 attempts and would retry
+//! an error (none comes); only `tower::retry`'s policy would also retry a response (a 5xx).
+//!
+//! | configuration | the stack |
+//! |---|---|
+//! | `http:bare` | the service alone |
+//! | `http:tower_retry` | `tower::retry::Retry` with the policy of `tower_retry` (3 retries of an error or a 5xx; clones the request) |
+//! | `http:resilience_retry` | tower-resilience's `RetryLayer`: 4 attempts, exponential backoff from 100 ms, every error retried (its default); it needs `Clone` requests, so the request is wrapped in `CloneRequest` (`benches/support`) and its copies rebuilt from their parts |
+//! | `http:seatbelt_retry` | seatbelt's `Retry` as a tower layer: 3 retries (4 attempts), its default backoff (exponential from 10 ms, jittered), a recovery closure that retries an `Err`, the request copied by a closure (`http::Request` is not `Clone`); its `ResilienceContext` holds a `tick::Clock::new_tokio()` |
+//! | `http:retry` | `RetryLayer` with `Policies::builder().route(Route::prefix("/"), policy)`, the policy `max_attempts(4)`, `retry_non_idempotent(true)` (the call is a `POST`) and a classifier closure that makes an error retryable and every response final |
+//! | `http:retry+throttle` | the same with gRFC A6's throttle, `Throttle::new(10, 0.1)` |
 //!
 //! The balancer (`balance::Balance`) is not measured: it is not `Clone`, so tasks can share it
 //! only behind a `tower::buffer::Buffer`, which sends every call through one channel to one
@@ -57,6 +88,10 @@
 //! round. Each round gives every configuration
 //!
 //! - its rate × bare: its rate ÷ the bare service's, same round, same `W`, same `work`;
+//! - its CPU × bare: its calls per CPU-second (the process's CPU time over the slice) ÷ the
+//!   bare service's, same round, same `W`, same `work`. On a machine that lends the run its
+//!   cores it is the rate × bare; where other processes take them, a worker waiting for its
+//!   core spends no CPU and makes no calls, so this ratio holds where the rate ratio scatters;
 //! - its scaling from the fewest threads `W₀` (1 by default) to `W`:
 //!   `rate(W) / rate(W₀) × W₀ / W`, both rates from the same round: 1 is perfect scaling,
 //!   `1 / W` (with `W₀ = 1`) no gain at all. Above the cores the machine has, the best it can
@@ -92,10 +127,20 @@
 //! | `SCALING_WORK_US` | `0,5` | the service's busy work per call, in µs, comma-separated |
 //! | `SCALING_SLICE_MS` | `300` | the measured slice of each measurement, in ms |
 //! | `SCALING_ROUNDS` | `5` | rounds |
-//! | `SCALING_CONFIGS` | all | the configurations to measure besides bare, by name, comma-separated |
+//! | `SCALING_SHAPES` | `grpc` | the request shapes, `grpc`, `http` or both, comma-separated; each shape's bare is always measured |
+//! | `SCALING_CONFIGS` | all of the shapes' | the configurations to measure besides the bares, by name, comma-separated; each must be of a shape `SCALING_SHAPES` names |
 //!
 //! The default run (12 configurations × 2 works × 2 thread counts × 5 rounds × 0.35 s) takes
 //! about 80 s.
+//!
+//! The one-core comparison of issue 45, both shapes in the same rounds (about 5.5 s a round):
+//!
+//! ```text
+//! SCALING_SHAPES=grpc,http SCALING_THREADS=1 SCALING_WORK_US=5 SCALING_SLICE_MS=500 \
+//!     SCALING_ROUNDS=9 \
+//!     SCALING_CONFIGS=tower_retry,retry,retry+throttle,http:tower_retry,http:resilience_retry,http:seatbelt_retry,http:retry,http:retry+throttle \
+//!     cargo bench --all-features --bench scaling
+//! ```
 //!
 //! On a machine with more cores but no toolchain, build here and carry the binary:
 //! `cargo bench --all-features --bench scaling --no-run` prints its path
@@ -112,15 +157,17 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::header::CONTENT_TYPE;
-use http::{HeaderName, HeaderValue, Method, Request, Response, Uri};
+use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode, Uri};
+use http_body::Body as _;
 use http_body_util::Full;
 use opentelemetry::metrics::MeterProvider as _;
 use opentelemetry_sdk::metrics::{InMemoryMetricExporter, PeriodicReader, SdkMeterProvider};
+use seatbelt::{RecoveryInfo, ResilienceContext};
 use tokio::runtime::Runtime;
 use tower::retry::budget::TpsBudget;
 use tower::{Layer, Service, ServiceExt};
 use tower_retry_hedge::backoff::Exponential;
-use tower_retry_hedge::classify::{Code, GrpcCodes};
+use tower_retry_hedge::classify::{AttemptResult, Code, GrpcCodes, Outcome};
 use tower_retry_hedge::latency::AdaptiveDelay;
 use tower_retry_hedge::policy::{HedgePolicyBuilder, PoliciesBuilder, Route};
 use tower_retry_hedge::throttle::{AdaptiveThrottle, HedgeBudget, RetryBudget};
@@ -130,14 +177,18 @@ use tower_retry_hedge::{HedgeLayer, HedgePolicy, Policies, RetryLayer, RetryPoli
 mod support;
 use support::clock::Clock;
 use support::summary::{median_iqr, quantile};
-use support::{BudgetPolicy, CloningPolicy, Req, Res};
+use support::{BudgetPolicy, CloneRequest, CloningPolicy, Req, Res, clone_request};
 
-/// The method the policies name, and the path every request goes to.
+/// The method the gRPC shape's policies name, and the path its requests go to.
 const METHOD: &str = "bench.Echo/Unary";
 const PATH: &str = "/bench.Echo/Unary";
 /// The gRPC frame of an empty message: not compressed, length 0.
 const EMPTY_MESSAGE: &[u8] = b"\x00\x00\x00\x00\x00";
 const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+/// The path of the HTTP shape's requests.
+const HTTP_PATH: &str = "/echo.Echo/Call";
+/// The HTTP shape's request body: 64 bytes.
+const HTTP_BODY: &[u8; 64] = b"0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
 
 /// Client tasks per worker thread.
 const TASKS_PER_WORKER: usize = 4;
@@ -161,7 +212,10 @@ struct Params {
     works: Vec<Duration>,
     slice: Duration,
     rounds: usize,
-    /// The configurations measured, in table order; bare always, first.
+    /// The request shapes measured, in the order of [`SHAPES`].
+    shapes: Vec<&'static str>,
+    /// The configurations measured, in table order; each shape's bare always, first of its
+    /// shape's.
     configs: Vec<Config>,
 }
 
@@ -184,26 +238,44 @@ impl Params {
             !slice.is_zero() && rounds > 0,
             "SCALING_SLICE_MS and SCALING_ROUNDS must be positive"
         );
+        let shapes_named = std::env::var("SCALING_SHAPES").unwrap_or_else(|_| "grpc".to_string());
+        let shapes_named: Vec<&str> = shapes_named.split(',').map(str::trim).collect();
+        for name in &shapes_named {
+            assert!(
+                SHAPES.contains(name),
+                "SCALING_SHAPES: no shape is named {name:?} (there are {SHAPES:?})"
+            );
+        }
+        let shapes: Vec<&'static str> = (SHAPES.into_iter())
+            .filter(|shape| shapes_named.contains(shape))
+            .collect();
+        let of_shapes = (Config::ALL.into_iter()).filter(|c| shapes.contains(&c.shape()));
         let configs = match std::env::var("SCALING_CONFIGS") {
             Ok(names) => {
                 let names: Vec<&str> = names.split(',').map(str::trim).collect();
                 for name in &names {
+                    let Some(config) = Config::ALL.iter().find(|c| c.name() == *name) else {
+                        panic!("SCALING_CONFIGS: no configuration is named {name:?}");
+                    };
                     assert!(
-                        Config::ALL.iter().any(|c| c.name() == *name),
-                        "SCALING_CONFIGS: no configuration is named {name:?}"
+                        shapes.contains(&config.shape()),
+                        "SCALING_CONFIGS: {name:?} is of the {} shape, which SCALING_SHAPES \
+                         does not name",
+                        config.shape()
                     );
                 }
-                (Config::ALL.into_iter())
-                    .filter(|c| matches!(c, Config::Bare) || names.contains(&c.name()))
+                of_shapes
+                    .filter(|c| c.is_bare() || names.contains(&c.name()))
                     .collect()
             }
-            Err(_) => Config::ALL.to_vec(),
+            Err(_) => of_shapes.collect(),
         };
         Params {
             threads,
             works,
             slice,
             rounds,
+            shapes,
             configs,
         }
     }
@@ -229,9 +301,99 @@ fn env_number(name: &str, default: &str) -> usize {
     list[0]
 }
 
-// ---- the service and the request ----------------------------------------------------------
+// ---- the request shapes and their services ------------------------------------------------
 
-/// Spins for `work`, then answers gRPC OK (status in the headers, empty body).
+/// The request shapes, by name, in table order.
+const SHAPES: [&str; 2] = [Grpc::NAME, Http::NAME];
+
+/// What the calls of one request shape send, and the answer its service gives.
+trait Shape: Copy + Send + 'static {
+    /// The shape's name in `SCALING_SHAPES`.
+    const NAME: &'static str;
+
+    /// A fresh request.
+    fn request(self) -> Req;
+
+    /// Panics unless `response` is the answer of this shape's service.
+    fn assert_ok(self, response: &Res);
+}
+
+/// A unary gRPC call, answered by [`Spin`].
+#[derive(Debug, Clone, Copy)]
+struct Grpc;
+
+impl Shape for Grpc {
+    const NAME: &'static str = "grpc";
+
+    /// Nothing in it allocates but the header map.
+    fn request(self) -> Req {
+        let mut request = Request::new(Full::new(Bytes::from_static(EMPTY_MESSAGE)));
+        *request.method_mut() = Method::POST;
+        *request.uri_mut() = Uri::from_static(PATH);
+        request
+            .headers_mut()
+            .insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+        request
+    }
+
+    fn assert_ok(self, response: &Res) {
+        assert_eq!(
+            response.headers()[GRPC_STATUS],
+            "0",
+            "an OK through the stack"
+        );
+    }
+}
+
+/// An HTTP `POST` of 64 bytes, answered by [`SpinEcho`].
+#[derive(Debug, Clone, Copy)]
+struct Http;
+
+impl Shape for Http {
+    const NAME: &'static str = "http";
+
+    /// Nothing in it allocates: no headers, a static URI and body.
+    fn request(self) -> Req {
+        let mut request = Request::new(Full::new(Bytes::from_static(HTTP_BODY)));
+        *request.method_mut() = Method::POST;
+        *request.uri_mut() = Uri::from_static(HTTP_PATH);
+        request
+    }
+
+    fn assert_ok(self, response: &Res) {
+        assert_eq!(response.status(), StatusCode::OK, "a 200 through the stack");
+        assert_eq!(
+            response.body().size_hint().exact(),
+            Some(HTTP_BODY.len() as u64),
+            "the request's body echoed"
+        );
+    }
+}
+
+/// Busy CPU until `work` of wall time has passed.
+fn spin_wall(work: Duration) {
+    let started = Instant::now();
+    while started.elapsed() < work {
+        std::hint::spin_loop();
+    }
+}
+
+/// Busy CPU until the calling thread has run for `work`: time it waited for a core (another
+/// process on a loaded machine) is not counted. Wall time where the thread clock is missing.
+fn spin_thread(work: Duration) {
+    let Some(started) = Clock::Thread.now() else {
+        return spin_wall(work);
+    };
+    while Clock::Thread
+        .now()
+        .is_some_and(|now| now.saturating_sub(started) < work)
+    {
+        std::hint::spin_loop();
+    }
+}
+
+/// The gRPC shape's service: spins for `work` (wall time), then answers gRPC OK (status in
+/// the headers, empty body).
 #[derive(Debug, Clone, Copy)]
 struct Spin {
     work: Duration,
@@ -249,10 +411,7 @@ impl Service<Req> for Spin {
     fn call(&mut self, request: Req) -> Self::Future {
         drop(request);
         if !self.work.is_zero() {
-            let started = Instant::now();
-            while started.elapsed() < self.work {
-                std::hint::spin_loop();
-            }
+            spin_wall(self.work);
         }
         let mut response = Response::new(Full::new(Bytes::new()));
         let headers = response.headers_mut();
@@ -262,20 +421,55 @@ impl Service<Req> for Spin {
     }
 }
 
-/// A fresh request; nothing in it allocates but the header map.
-fn request() -> Req {
-    let mut request = Request::new(Full::new(Bytes::from_static(EMPTY_MESSAGE)));
-    *request.method_mut() = Method::POST;
-    *request.uri_mut() = Uri::from_static(PATH);
-    request
-        .headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
-    request
+/// The HTTP shape's service: spins for `work` of the calling thread's CPU time, then answers
+/// 200 with the request's body.
+#[derive(Debug, Clone, Copy)]
+struct SpinEcho {
+    work: Duration,
+}
+
+impl SpinEcho {
+    fn answer(self, request: Req) -> Ready<Result<Res, Infallible>> {
+        if !self.work.is_zero() {
+            spin_thread(self.work);
+        }
+        ready(Ok(Response::new(request.into_body())))
+    }
+}
+
+impl Service<Req> for SpinEcho {
+    type Response = Res;
+    type Error = Infallible;
+    type Future = Ready<Result<Res, Infallible>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Req) -> Self::Future {
+        self.answer(request)
+    }
+}
+
+// tower-resilience retries only `Clone` requests; see `CloneRequest`.
+impl Service<CloneRequest> for SpinEcho {
+    type Response = Res;
+    type Error = Infallible;
+    type Future = Ready<Result<Res, Infallible>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: CloneRequest) -> Self::Future {
+        self.answer(request.0)
+    }
 }
 
 // ---- the configurations -------------------------------------------------------------------
 
-/// The configurations, in table order; `Bare` is the baseline.
+/// The configurations, in table order; `Bare` is the gRPC shape's baseline, `HttpBare` the
+/// HTTP shape's.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Config {
     Bare,
@@ -290,10 +484,16 @@ enum Config {
     Hedge,
     HedgeAdaptiveDelay,
     HedgeBudget,
+    HttpBare,
+    HttpTowerRetry,
+    HttpResilienceRetry,
+    HttpSeatbeltRetry,
+    HttpRetry,
+    HttpRetryThrottle,
 }
 
 impl Config {
-    const ALL: [Config; 12] = [
+    const ALL: [Config; 18] = [
         Config::Bare,
         Config::TowerRetry,
         Config::TowerRetryTpsBudget,
@@ -306,6 +506,12 @@ impl Config {
         Config::Hedge,
         Config::HedgeAdaptiveDelay,
         Config::HedgeBudget,
+        Config::HttpBare,
+        Config::HttpTowerRetry,
+        Config::HttpResilienceRetry,
+        Config::HttpSeatbeltRetry,
+        Config::HttpRetry,
+        Config::HttpRetryThrottle,
     ];
 
     fn name(self) -> &'static str {
@@ -322,23 +528,49 @@ impl Config {
             Config::Hedge => "hedge",
             Config::HedgeAdaptiveDelay => "hedge+adaptive_delay",
             Config::HedgeBudget => "hedge+hedge_budget",
+            Config::HttpBare => "http:bare",
+            Config::HttpTowerRetry => "http:tower_retry",
+            Config::HttpResilienceRetry => "http:resilience_retry",
+            Config::HttpSeatbeltRetry => "http:seatbelt_retry",
+            Config::HttpRetry => "http:retry",
+            Config::HttpRetryThrottle => "http:retry+throttle",
         }
     }
 
-    /// Builds the configuration afresh over a `Spin` of `work` and measures its rate on
-    /// `runtime` with `tasks` tasks.
+    /// The name of the request shape its calls send.
+    fn shape(self) -> &'static str {
+        match self {
+            Config::HttpBare
+            | Config::HttpTowerRetry
+            | Config::HttpResilienceRetry
+            | Config::HttpSeatbeltRetry
+            | Config::HttpRetry
+            | Config::HttpRetryThrottle => Http::NAME,
+            _ => Grpc::NAME,
+        }
+    }
+
+    /// Whether it is its shape's baseline: the service alone.
+    fn is_bare(self) -> bool {
+        matches!(self, Config::Bare | Config::HttpBare)
+    }
+
+    /// Builds the configuration afresh over its shape's service with `work` and measures its
+    /// rate on `runtime` with `tasks` tasks.
     fn measure(self, work: Duration, runtime: &Runtime, tasks: usize, slice: Duration) -> Sample {
-        let spin = Spin { work };
+        let (spin, echo) = (Spin { work }, SpinEcho { work });
         let retry = |policies: PoliciesBuilder| RetryLayer::new(policies.build()).layer(spin);
+        let http_retry = |policies: PoliciesBuilder| RetryLayer::new(policies.build()).layer(echo);
         let hedge = |policy: HedgePolicyBuilder| {
             let policy = policy.build().expect("a valid hedging policy");
             HedgeLayer::new(Policies::builder().method(METHOD, policy).build()).layer(spin)
         };
         match self {
-            Config::Bare => measure(runtime, spin, tasks, slice),
+            Config::Bare => measure(runtime, spin, Grpc, tasks, slice),
             Config::TowerRetry => measure(
                 runtime,
                 tower::retry::Retry::new(CloningPolicy::new(3), spin),
+                Grpc,
                 tasks,
                 slice,
             ),
@@ -346,35 +578,35 @@ impl Config {
                 let budget = TpsBudget::new(Duration::from_secs(10), 10, 0.2);
                 let policy = BudgetPolicy::new(Arc::new(budget), 3);
                 let service = tower::retry::Retry::new(policy, spin);
-                measure(runtime, service, tasks, slice)
+                measure(runtime, service, Grpc, tasks, slice)
             }
-            Config::Retry => measure(runtime, retry(retry_policies()), tasks, slice),
+            Config::Retry => measure(runtime, retry(retry_policies()), Grpc, tasks, slice),
             Config::RetryRoute => {
                 let policies =
                     Policies::builder().route(Route::prefix("/bench.Echo"), retry_policy());
-                measure(runtime, retry(policies), tasks, slice)
+                measure(runtime, retry(policies), Grpc, tasks, slice)
             }
             Config::RetryThrottle => {
                 let throttle = Throttle::new(10, 0.1).expect("A6's example throttle");
                 let service = retry(retry_policies().throttle(throttle));
-                measure(runtime, service, tasks, slice)
+                measure(runtime, service, Grpc, tasks, slice)
             }
             Config::RetryBudget => {
                 let budget = RetryBudget::new(Duration::from_secs(10), 10, 0.2)
                     .expect("a valid retry budget");
                 let service = retry(retry_policies().throttle(budget));
-                measure(runtime, service, tasks, slice)
+                measure(runtime, service, Grpc, tasks, slice)
             }
             Config::RetryAdaptiveThrottle => {
                 let service = retry(retry_policies().throttle(AdaptiveThrottle::default()));
-                measure(runtime, service, tasks, slice)
+                measure(runtime, service, Grpc, tasks, slice)
             }
             Config::RetryMetrics => {
                 let meter = meter_provider().meter("tower-retry-hedge");
                 let service = retry(retry_policies().metrics(&meter));
-                measure(runtime, service, tasks, slice)
+                measure(runtime, service, Grpc, tasks, slice)
             }
-            Config::Hedge => measure(runtime, hedge(hedge_policy()), tasks, slice),
+            Config::Hedge => measure(runtime, hedge(hedge_policy()), Grpc, tasks, slice),
             Config::HedgeAdaptiveDelay => {
                 let delay = AdaptiveDelay::builder()
                     .percentile(0.9)
@@ -384,11 +616,58 @@ impl Config {
                     .max_attempts(3)
                     .adaptive_delay(delay)
                     .non_fatal(GrpcCodes::from([Code::Unavailable]));
-                measure(runtime, hedge(policy), tasks, slice)
+                measure(runtime, hedge(policy), Grpc, tasks, slice)
             }
             Config::HedgeBudget => {
                 let policy = hedge_policy().budget(HedgeBudget::default());
-                measure(runtime, hedge(policy), tasks, slice)
+                measure(runtime, hedge(policy), Grpc, tasks, slice)
+            }
+            Config::HttpBare => measure(runtime, echo, Http, tasks, slice),
+            Config::HttpTowerRetry => {
+                let service = tower::retry::Retry::new(CloningPolicy::new(3), echo);
+                measure(runtime, service, Http, tasks, slice)
+            }
+            Config::HttpResilienceRetry => {
+                // Every error is retried unless `retry_on` says otherwise.
+                let layer =
+                    tower_resilience::retry::RetryLayer::<CloneRequest, Res, Infallible>::builder()
+                        .max_attempts(4)
+                        .exponential_backoff(Duration::from_millis(100))
+                        .build();
+                let service =
+                    (layer.layer(echo)).map_request(CloneRequest as fn(Req) -> CloneRequest);
+                measure(runtime, service, Http, tasks, slice)
+            }
+            Config::HttpSeatbeltRetry => {
+                // `Clock::new_tokio` spawns the task that drives the clock's timers.
+                let clock = {
+                    let _entered = runtime.enter();
+                    tick::Clock::new_tokio()
+                };
+                let context = ResilienceContext::<Req, Result<Res, Infallible>>::new(&clock);
+                let layer = seatbelt::retry::Retry::layer("retry", &context)
+                    .max_retry_attempts(3)
+                    .clone_input_with(|request, _| Some(clone_request(request)))
+                    .recovery_with(|result, _| {
+                        if result.is_ok() {
+                            RecoveryInfo::never()
+                        } else {
+                            RecoveryInfo::retry()
+                        }
+                    });
+                measure(runtime, layer.layer(echo), Http, tasks, slice)
+            }
+            Config::HttpRetry => measure(
+                runtime,
+                http_retry(http_retry_policies()),
+                Http,
+                tasks,
+                slice,
+            ),
+            Config::HttpRetryThrottle => {
+                let throttle = Throttle::new(10, 0.1).expect("A6's example throttle");
+                let service = http_retry(http_retry_policies().throttle(throttle));
+                measure(runtime, service, Http, tasks, slice)
             }
         }
     }
@@ -409,6 +688,25 @@ fn retry_policy() -> RetryPolicy {
 /// A table with the retry policy for [`METHOD`].
 fn retry_policies() -> PoliciesBuilder {
     Policies::builder().method(METHOD, retry_policy())
+}
+
+/// The HTTP shape's retry policy, as a team retrying an HTTP API writes one: 4 attempts,
+/// `POST` retried, errors retryable (none comes), every response final.
+fn http_retry_policy() -> RetryPolicy {
+    RetryPolicy::builder()
+        .max_attempts(4)
+        .retry_non_idempotent(true)
+        .retryable(|result: AttemptResult<'_>| match result {
+            AttemptResult::Error(_) => Outcome::Retryable(None),
+            _ => Outcome::Success,
+        })
+        .build()
+        .expect("a valid retry policy")
+}
+
+/// A table with the HTTP retry policy for every path.
+fn http_retry_policies() -> PoliciesBuilder {
+    Policies::builder().route(Route::prefix("/"), http_retry_policy())
 }
 
 /// The hedging policy: 3 attempts, 5 ms apart, `UNAVAILABLE` non-fatal.
@@ -439,8 +737,8 @@ const WARMING_UP: u8 = 0;
 const MEASURING: u8 = 1;
 const STOPPED: u8 = 2;
 
-/// One call: waits for the service to be ready, calls it, and checks the answer is an OK.
-async fn call<S>(service: &mut S) -> Res
+/// One call of `shape`: waits for the service to be ready, then calls it.
+async fn call<S, Sh: Shape>(service: &mut S, shape: Sh) -> Res
 where
     S: Service<Req, Response = Res>,
     S::Error: std::fmt::Debug,
@@ -449,7 +747,7 @@ where
         Ok(ready) => ready,
         Err(error) => panic!("the service is always ready: {error:?}"),
     };
-    match ready.call(request()).await {
+    match ready.call(shape.request()).await {
         Ok(response) => response,
         Err(error) => panic!("the service never fails: {error:?}"),
     }
@@ -457,14 +755,14 @@ where
 
 /// A client task: calls its clone until the phase is `STOPPED`, and returns how many calls
 /// ended while it was `MEASURING`.
-async fn client<S>(mut service: S, phase: Arc<AtomicU8>) -> u64
+async fn client<S, Sh: Shape>(mut service: S, shape: Sh, phase: Arc<AtomicU8>) -> u64
 where
     S: Service<Req, Response = Res>,
     S::Error: std::fmt::Debug,
 {
     let (mut measured, mut since_yield) = (0u64, 0u32);
     loop {
-        let response = call(&mut service).await;
+        let response = call(&mut service, shape).await;
         drop(std::hint::black_box(response));
         match phase.load(Relaxed) {
             WARMING_UP => {}
@@ -490,25 +788,26 @@ struct Sample {
     cores_busy: f64,
 }
 
-/// The rate of `tasks` tasks, each calling its clone of `service`, over `slice` after the
-/// warm-up.
-fn measure<S>(runtime: &Runtime, mut service: S, tasks: usize, slice: Duration) -> Sample
+/// The rate of `tasks` tasks, each calling its clone of `service` with requests of `shape`,
+/// over `slice` after the warm-up.
+fn measure<S, Sh: Shape>(
+    runtime: &Runtime,
+    mut service: S,
+    shape: Sh,
+    tasks: usize,
+    slice: Duration,
+) -> Sample
 where
     S: Service<Req, Response = Res> + Clone + Send + 'static,
     S::Future: Send,
     S::Error: std::fmt::Debug,
 {
     // A stack that has answered once, as a client hands out clones of the one it uses.
-    let response = runtime.block_on(call(&mut service));
-    assert_eq!(
-        response.headers()[GRPC_STATUS],
-        "0",
-        "an OK through the stack"
-    );
+    shape.assert_ok(&runtime.block_on(call(&mut service, shape)));
 
     let phase = Arc::new(AtomicU8::new(WARMING_UP));
     let handles: Vec<_> = (0..tasks)
-        .map(|_| runtime.spawn(client(service.clone(), Arc::clone(&phase))))
+        .map(|_| runtime.spawn(client(service.clone(), shape, Arc::clone(&phase))))
         .collect();
     std::thread::sleep(WARM_UP);
     phase.store(MEASURING, Relaxed);
@@ -564,9 +863,22 @@ fn print_tables(params: &Params, work: Duration, samples: &[Vec<Vec<Sample>>], c
                 .collect()
         })
         .collect();
+    // Each configuration's ratio is to the bare service of its own shape.
+    let bare: Vec<usize> = (params.configs.iter())
+        .map(|config| {
+            (params.configs.iter())
+                .position(|c| c.is_bare() && c.shape() == config.shape())
+                .expect("every shape measured has its bare")
+        })
+        .collect();
     let ratios = |t: usize, c: usize| -> Vec<f64> {
-        (rates[t][c].iter().zip(&rates[t][0]))
+        (rates[t][c].iter().zip(&rates[t][bare[c]]))
             .map(|(rate, bare)| rate / bare)
+            .collect()
+    };
+    let per_cpu = |t: usize, c: usize| -> Vec<f64> {
+        (samples[t][c].iter().zip(&samples[t][bare[c]]))
+            .map(|(at, bare)| (at.rate / at.cores_busy) / (bare.rate / bare.cores_busy))
             .collect()
     };
     let efficiency = |t: usize, c: usize| -> Vec<f64> {
@@ -582,9 +894,10 @@ fn print_tables(params: &Params, work: Duration, samples: &[Vec<Vec<Sample>>], c
     };
 
     println!(
-        "\n## work {} µs: rate × bare (same round, same threads), scaling {base}→W \
-         (rate(W) / rate({base}) × {base} / W, same round) and CPU efficiency {base}→W (calls \
-         per CPU-second at W ÷ at {base}, same round); median (p25–p75) over {} rounds\n",
+        "\n## work {} µs: rate × bare and CPU × bare (calls per CPU-second ÷ bare's; its \
+         shape's bare, same round, same threads), scaling {base}→W (rate(W) / rate({base}) × \
+         {base} / W, same round) and CPU efficiency {base}→W (calls per CPU-second at W ÷ at \
+         {base}, same round); median (p25–p75) over {} rounds\n",
         work.as_micros(),
         params.rounds
     );
@@ -592,6 +905,10 @@ fn print_tables(params: &Params, work: Duration, samples: &[Vec<Vec<Sample>>], c
     let mut rule = "|---|".to_string();
     for &threads in &params.threads {
         header += &format!(" × bare, {} |", threads_label(threads));
+        rule += "---:|";
+    }
+    for &threads in &params.threads {
+        header += &format!(" CPU × bare, {} |", threads_label(threads));
         rule += "---:|";
     }
     for &threads in &params.threads[1..] {
@@ -607,6 +924,9 @@ fn print_tables(params: &Params, work: Duration, samples: &[Vec<Vec<Sample>>], c
         let mut row = format!("| {} |", config.name());
         for t in 0..params.threads.len() {
             row += &format!(" {} |", median_iqr(&ratios(t, c)));
+        }
+        for t in 0..params.threads.len() {
+            row += &format!(" {} |", median_iqr(&per_cpu(t, c)));
         }
         for t in 1..params.threads.len() {
             row += &format!(" {} |", median_iqr(&scaling(t, c)));
@@ -677,9 +997,10 @@ fn main() {
         cpu_model().unwrap_or_else(|| "CPU model unknown".to_string())
     );
     println!(
-        "- worker threads: {}; work per call: {} µs; {} rounds; slice {} ms after {} ms \
-         warm-up; {TASKS_PER_WORKER} tasks per worker thread, each yielding every \
-         {YIELD_EVERY} calls",
+        "- request shapes: {}; worker threads: {}; work per call: {} µs; {} rounds; slice {} \
+         ms after {} ms warm-up; {TASKS_PER_WORKER} tasks per worker thread, each yielding \
+         every {YIELD_EVERY} calls",
+        params.shapes.join(","),
         list(&mut params.threads.iter().map(usize::to_string)),
         list(&mut params.works.iter().map(|w| w.as_micros().to_string())),
         params.rounds,
