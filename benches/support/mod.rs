@@ -26,8 +26,9 @@ use http::{HeaderName, HeaderValue, Method, Request, Response, Uri};
 use http_body_util::Full;
 use tower::{Layer, Service, ServiceExt};
 use tower_retry_hedge::backoff::Exponential;
-use tower_retry_hedge::classify::{Code, GrpcCodes};
+use tower_retry_hedge::classify::{AttemptResult, Code, GrpcCodes, Outcome};
 use tower_retry_hedge::policy::HedgePolicyBuilder;
+use tower_retry_hedge::policy::Route;
 use tower_retry_hedge::{HedgeLayer, HedgePolicy, Policies, RetryLayer, RetryPolicy};
 
 /// The request type every variant takes.
@@ -281,7 +282,7 @@ pub trait Visit {
 }
 
 /// The names of the variants, in the order [`each_variant`] visits them.
-pub const VARIANTS: [&str; 12] = [
+pub const VARIANTS: [&str; 13] = [
     "bare",
     "tower_retry",
     "tower_retry+tps_budget",
@@ -294,6 +295,7 @@ pub const VARIANTS: [&str; 12] = [
     "ours_retry_no_policy_passthrough",
     "ours_hedge_policy+no_tracking",
     "ours_hedge_policy",
+    "ours_retry_route",
 ];
 
 /// Builds every variant around [`Echo`] afresh (no state carried between shapes) and hands
@@ -419,7 +421,24 @@ where
         .build();
     visitor.visit(
         "ours_hedge_policy",
-        HedgeLayer::new(policies).layer(downstream),
+        HedgeLayer::new(policies).layer(downstream.clone()),
+    );
+
+    // As a team retrying an HTTP API sets it up (the scaling benchmark's HTTP shape): one
+    // route for every path, a `POST` retried, a classifier closure that retries errors.
+    let policy = RetryPolicy::builder()
+        .max_attempts(4)
+        .retry_non_idempotent(true)
+        .retryable(|result: AttemptResult<'_>| match result {
+            AttemptResult::Error(_) => Outcome::Retryable(None),
+            _ => Outcome::Success,
+        })
+        .build()
+        .expect("valid retry policy");
+    let policies = Policies::builder().route(Route::prefix("/"), policy).build();
+    visitor.visit(
+        "ours_retry_route",
+        RetryLayer::new(policies).layer(downstream),
     );
 }
 
