@@ -435,7 +435,9 @@ where
         })
         .build()
         .expect("valid retry policy");
-    let policies = Policies::builder().route(Route::prefix("/"), policy).build();
+    let policies = Policies::builder()
+        .route(Route::prefix("/"), policy)
+        .build();
     visitor.visit(
         "ours_retry_route",
         RetryLayer::new(policies).layer(downstream),

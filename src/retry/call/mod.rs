@@ -175,7 +175,9 @@ where
     // Boxed only where it may have to be let finish.
     let paced = shared.policies.stream_resets().per_second().is_some();
     let boxed = paced && start.may_stop_first();
-    let (grpc, route) = (start.rules.grpc, start.route);
+    let grpc = start.rules.grpc;
+    // A table holds far fewer than 2³² routes.
+    let route = start.route.map(|route| route as u32);
     let deadline = start.deadline.map(Instant::from_std);
     let body_kind = body_kind(&body);
     // Each part is made where the call keeps it, so that none is copied on its way there.
