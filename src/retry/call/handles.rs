@@ -49,6 +49,9 @@ struct LastLookup {
     found: Option<(MethodPolicy, Option<usize>)>,
 }
 
+/// The longest path a clone remembers its lookup for (gRPC method paths are far shorter).
+const REMEMBERED_PATH_MAX: usize = 256;
+
 /// The most authorities a clone keeps handles for; past them, it starts again.
 const AUTHORITIES_PER_CLONE: usize = 8;
 
@@ -68,9 +71,6 @@ impl<S> Handles<S> {
         self.policies.entry(key).or_insert_with(|| own_copy(policy))
     }
 
-    /// The throttle of `request`'s call: this clone's handle on the table's shared one, or
-    /// on the one of the request's authority (looked up in the registry, under its lock,
-    /// once per clone and authority).
     /// The policy `policies` gives a call with `method` and `path`, as this clone's own copy
     /// (see [`policy`](Self::policy)), and the route it matched. The clone's last lookup is
     /// remembered: a client calls the same method over and over, and comparing its path
@@ -90,6 +90,11 @@ impl<S> Handles<S> {
         let found = policies
             .matched(method, path)
             .map(|matched| (self.policy(matched.policy).clone(), matched.route));
+        if path.len() > REMEMBERED_PATH_MAX {
+            // Not kept: a clone holds no more than a short path's bytes for this.
+            self.last = None;
+            return found;
+        }
         let last = self.last.get_or_insert_with(LastLookup::default);
         // The path's buffer is kept: a clone that alternates between methods does not
         // allocate for each.
@@ -100,6 +105,9 @@ impl<S> Handles<S> {
         found
     }
 
+    /// The throttle of `request`'s call: this clone's handle on the table's shared one, or
+    /// on the one of the request's authority (looked up in the registry, under its lock,
+    /// once per clone and authority).
     pub(super) fn throttle<B>(
         &mut self,
         policies: &Policies,
@@ -238,6 +246,12 @@ mod tests {
         assert!(handles.lookup(&policies, &Method::GET, "/other").is_none());
         let (back, _) = policy_of(handles.lookup(&policies, &Method::POST, "/svc.S/M"));
         assert!(Arc::ptr_eq(&first, &back));
+        // A long path is looked up, not remembered.
+        let long = format!("/api/{}", "x".repeat(REMEMBERED_PATH_MAX));
+        let (api, _) = policy_of(handles.lookup(&policies, &Method::GET, &long));
+        assert_eq!(api.max_attempts, 2);
+        assert!(handles.last.is_none());
+        assert!(handles.lookup(&policies, &Method::POST, &long).is_none());
     }
 
     fn retry_table_policy() -> RetryPolicy {
