@@ -156,14 +156,13 @@ where
     // The record of backends tried that every attempt shares: one the request brings, else a
     // new one. The copy of the parts holds it beside their extensions, which are copied
     // without it: a new record in the copy would cost a second map and a box on every call.
-    let brought = match start.track_backends {
-        true => parts.extensions.get::<TriedBackends>().cloned(),
-        false => None,
-    };
-    let tried = match start.track_backends {
-        true => Some(brought.clone().unwrap_or_default()),
-        false => None,
-    };
+    // `true` with a record the request does not carry yet.
+    let tried = start
+        .track_backends
+        .then(|| match parts.extensions.get::<TriedBackends>() {
+            Some(brought) => (brought.clone(), false),
+            None => (TriedBackends::default(), true),
+        });
     let (body, first_body, reader) = match body.prepare(shared.policies.buffer_limits()) {
         Ok(copies) => {
             let (first, reader) = copies.first();
@@ -197,16 +196,14 @@ where
             call: Call {
                 head: RequestHead::of(&parts),
                 body,
-                tried: tried.clone(),
+                tried: tried.as_ref().map(|(tried, _)| tried.clone()),
             },
             grpc,
             deadline,
             route,
         },
     );
-    if brought.is_none()
-        && let Some(tried) = tried
-    {
+    if let Some((tried, true)) = tried {
         parts.extensions.insert(tried);
     }
     let first = sending(|| inner.call(Request::from_parts(parts, first_body)));
