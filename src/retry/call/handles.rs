@@ -236,6 +236,11 @@ mod tests {
         };
         let (first, route) = policy_of(handles.lookup(&policies, &Method::POST, "/svc.S/M"));
         assert_eq!((first.max_attempts, route), (3, None));
+        let last = handles.last.as_ref().expect("the lookup remembered");
+        assert_eq!(
+            (&last.method, last.path.as_str()),
+            (&Method::POST, "/svc.S/M")
+        );
         // Asked again, the clone's own copy comes back, not a new one.
         let (again, _) = policy_of(handles.lookup(&policies, &Method::POST, "/svc.S/M"));
         assert!(Arc::ptr_eq(&first, &again));
