@@ -731,6 +731,16 @@ mod h2_tests {
         (send, tokio::spawn(connection))
     }
 
+    /// A server on one end of a pipe, built by `builder`, accepting every stream and
+    /// answering none, on a task of its own.
+    fn server(builder: h2::server::Builder, io: DuplexStream) -> Connection {
+        tokio::spawn(async move {
+            let mut connection = builder.handshake::<_, Bytes>(io).await?;
+            while connection.accept().await.transpose()?.is_some() {}
+            Ok(())
+        })
+    }
+
     /// What a call fails with once the client's connection closed: the error `h2` keeps for
     /// every call on it. (The connection's own result is the IO error that followed, or the
     /// `GOAWAY` without its debug data.)
@@ -815,14 +825,9 @@ mod h2_tests {
         let_run().await;
         drop(response);
         let_run().await;
-        let server = tokio::spawn(async move {
-            let mut connection = h2::server::Builder::new()
-                .max_pending_accept_reset_streams(0)
-                .handshake::<_, Bytes>(server_io)
-                .await?;
-            while connection.accept().await.transpose()?.is_some() {}
-            Ok::<_, h2::Error>(())
-        });
+        let mut builder = h2::server::Builder::new();
+        builder.max_pending_accept_reset_streams(0);
+        let server = server(builder, server_io);
         let error = closed(send, connection).await;
         let guard = Some(Guard::ServerPendingAccept);
         assert_goaway(error, false, "too_many_resets", guard);
@@ -838,15 +843,11 @@ mod h2_tests {
         // may reset none.
         let responses = [(); 2].map(|()| send.send_request(get(), true).unwrap().0);
         let_run().await;
-        let server = tokio::spawn(async move {
-            let mut connection = h2::server::Builder::new()
-                .max_concurrent_streams(1)
-                .max_local_error_reset_streams(Some(0))
-                .handshake::<_, Bytes>(server_io)
-                .await?;
-            while connection.accept().await.transpose()?.is_some() {}
-            Ok::<_, h2::Error>(())
-        });
+        let mut builder = h2::server::Builder::new();
+        builder
+            .max_concurrent_streams(1)
+            .max_local_error_reset_streams(Some(0));
+        let server = server(builder, server_io);
         let error = closed(send, connection).await;
         let guard = Some(Guard::ServerLocalErrors);
         assert_goaway(error, false, "too_many_internal_resets", guard);
